@@ -1,0 +1,181 @@
+"""Every private torch API ort-lazy uses, in one place, guarded by torch version.
+
+Nothing public translates an aten FX graph to ONNX in milliseconds while keeping symbolic
+dims, so the exporter's internals are used here. Supported torch versions are listed in
+``SUPPORTED_TORCH``; on another version the imports are attempted and a clear error names
+what moved.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+__all__ = [
+    "SUPPORTED_TORCH",
+    "torch_version",
+    "check_torch_version",
+    "onnx_registry",
+    "decomposition_table",
+    "translate_fx_graph",
+    "insert_type_promotion",
+    "new_ir_model",
+    "finalize_ir_model",
+]
+
+#: (major, minor) torch versions whose private exporter APIs this module was checked against.
+SUPPORTED_TORCH = ((2, 13), (2, 14))
+
+
+_EXPORTER_LOGGERS = (
+    "torch.onnx._internal.exporter._core",
+    "torch.onnx._internal.exporter._registration",
+    "torch.onnx._internal.exporter._building",
+    "torch.onnx._internal.fx.passes.type_promotion",
+)
+
+
+@contextlib.contextmanager
+def quiet_exporter() -> Iterator[None]:
+    """Silence the exporter's per-node chatter (missing module stacks, torchvision ops)."""
+    loggers = [logging.getLogger(n) for n in _EXPORTER_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def torch_version() -> tuple[int, int]:
+    """(major, minor) of the running torch."""
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
+class UnsupportedTorchError(RuntimeError):
+    """The running torch lacks a private API ort-lazy depends on."""
+
+
+def check_torch_version() -> None:
+    """Raise :class:`UnsupportedTorchError` when torch is older than the oldest supported."""
+    if torch_version() < SUPPORTED_TORCH[0]:
+        raise UnsupportedTorchError(
+            f"ort-lazy needs torch >= {SUPPORTED_TORCH[0][0]}.{SUPPORTED_TORCH[0][1]}, "
+            f"found {torch.__version__}"
+        )
+
+
+def _exporter() -> Any:
+    check_torch_version()
+    try:
+        from torch.onnx._internal.exporter import (
+            _constants,
+            _core,
+            _decomp,
+            _fx_passes,
+            _ir_passes,
+            _registration,
+        )
+    except ImportError as e:  # pragma: no cover - depends on torch layout
+        raise UnsupportedTorchError(
+            f"torch {torch.__version__}: the ONNX exporter internals moved ({e}); "
+            "ort-lazy supports torch " + ", ".join(f"{a}.{b}" for a, b in SUPPORTED_TORCH)
+        ) from e
+    return _constants, _core, _decomp, _fx_passes, _ir_passes, _registration
+
+
+@functools.lru_cache(maxsize=1)
+def onnx_registry() -> Any:
+    """The exporter's aten -> ONNX registry built from torchlib (built once, ~1 s)."""
+    _, _, _, _, _, _registration = _exporter()
+    with quiet_exporter():
+        return _registration.ONNXRegistry.from_torchlib()
+
+
+def distrusted_ops() -> dict[Any, str]:
+    """Overloads whose torchlib translation gives wrong results, with the reason.
+
+    They are decomposed into smaller aten ops (torch's own decompositions) instead of being
+    translated whole; if one still reaches the partitioner it stays in PyTorch.
+    """
+    aten = torch.ops.aten
+    return {
+        # ORT's BatchNormalization(training_mode=1) neither matches torch's running-variance
+        # update (unbiased) nor returns the saved mean / inverse std torch's backward needs.
+        aten._native_batch_norm_legit_functional.default: "training batch norm translation is wrong",
+        aten._native_batch_norm_legit.default: "training batch norm translation is wrong",
+        aten.native_batch_norm.default: "training batch norm translation is wrong",
+        # torchlib returns a wrongly shaped logsumexp, which training graphs save for backward.
+        aten._scaled_dot_product_flash_attention_for_cpu.default: "auxiliary logsumexp output is wrong",
+    }
+
+
+@functools.lru_cache(maxsize=1)
+def decomposition_table() -> dict[Any, Any]:
+    """Decompositions for ops the exporter cannot translate (or translates wrongly)."""
+    _, _, _decomp, _, _, _ = _exporter()
+    registry = onnx_registry()
+    implemented = set(_decomp.get_onnx_implemented_overloads(registry)) - set(distrusted_ops())
+    table = _decomp.create_onnx_friendly_decomposition_table(implemented)
+    for op in distrusted_ops():
+        if op not in table and op in torch._decomp.decomposition_table:
+            table[op] = torch._decomp.decomposition_table[op]
+    return table
+
+
+def insert_type_promotion(gm: torch.fx.GraphModule) -> None:
+    """Make implicit aten type promotion explicit (in place)."""
+    _, _, _, _fx_passes, _, _ = _exporter()
+    _fx_passes.insert_type_promotion_nodes(gm)
+
+
+def new_ir_model(name: str) -> Any:
+    """An empty ONNX IR model the translator fills in."""
+    import onnx_ir as ir
+
+    _constants, _, _, _, _, _ = _exporter()
+    return ir.Model(
+        graph=ir.Graph([], [], nodes=[], name=name),
+        ir_version=_constants.ONNX_IR_VERSION,
+        producer_name="ort-lazy",
+        producer_version=torch.__version__,
+    )
+
+
+def translate_fx_graph(graph: torch.fx.Graph, model: Any) -> dict[str, Any]:
+    """Translate ``graph`` into ``model.graph`` (inputs, nodes and outputs)."""
+    _, _core, _, _, _, _ = _exporter()
+    registry = onnx_registry()
+    with quiet_exporter():
+        return _core._translate_fx_graph(
+            graph,
+            model,
+            graph_like=model.graph,
+            owned_graphs={},
+            lower="at_conversion",
+            registry=registry,
+        )
+
+
+def finalize_ir_model(model: Any) -> None:
+    """Add the opset imports the translated nodes use."""
+    _, _, _, _, _ir_passes, _ = _exporter()
+    _ir_passes.add_opset_imports(model)
+
+
+def is_registered(target: Any) -> bool:
+    """Whether the exporter has an ONNX translation for the aten overload ``target``."""
+    if target in distrusted_ops():
+        return False
+    try:
+        return bool(onnx_registry().is_registered(target))
+    except Exception:
+        return False

@@ -1,0 +1,1 @@
+"""Debugging aids: run-type comparison, dumps and the explain report."""

@@ -1,0 +1,1 @@
+"""Graph -> ONNX exporters (FX aten graphs; TorchScript subgraphs)."""

@@ -1,0 +1,84 @@
+"""TorchDynamo front door: ``torch.compile(model, backend="ort")``.
+
+Registered through the ``torch_dynamo_backends`` entry point, so no import is needed. Uses
+AOTAutograd with forward, backward and inference compilers; each compiler hands its aten graph
+to :func:`ort_lazy.partition.compile_graph`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+
+from .. import _compat
+from ..options import Options
+from ..lowering import lower_fast_paths
+from ..partition import compile_graph
+
+__all__ = ["ort_backend", "make_backend", "compile"]
+
+
+def _aot_compiler(options: Options, tag: str) -> Callable[..., Any]:
+    def compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        forward = compile_graph(gm, options, tag=tag).forward
+
+        def run(args: list[Any]) -> Any:
+            # Boxed calling convention: the list is cleared so inputs are freed early.
+            call_args = list(args)
+            args.clear()
+            return forward(*call_args)
+
+        run._boxed_call = True  # type: ignore[attr-defined]
+        return run
+
+    return compiler
+
+
+def make_backend(options: Options | Mapping[str, Any] | None = None) -> Callable[..., Any]:
+    """A dynamo backend callable bound to ``options`` (an :class:`Options` or a dict of fields)."""
+    opts = _resolve(options)
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **_: Any) -> Callable[..., Any]:
+        return _compile_dynamo_graph(gm, example_inputs, opts)
+
+    return backend
+
+
+def _resolve(options: Options | Mapping[str, Any] | None) -> Options:
+    if isinstance(options, Options):
+        return options
+    return Options.from_env(**dict(options or {}))
+
+
+def _compile_dynamo_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], opts: Options) -> Callable[..., Any]:
+    from torch._dynamo.backends.common import aot_autograd
+
+    lower_fast_paths(gm)
+    aot = aot_autograd(
+        fw_compiler=_aot_compiler(opts, "forward"),
+        bw_compiler=_aot_compiler(opts, "backward"),
+        inference_compiler=_aot_compiler(opts, "inference"),
+        decompositions=_compat.decomposition_table(),
+        keep_inference_input_mutations=True,
+    )
+    # Attention traced through the math path: its backward is ordinary ops ORT runs, where the
+    # fused CPU kernel's backward has no ONNX mapping (and its logsumexp translation is wrong).
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.MATH]):
+        return aot(gm, example_inputs)
+
+
+def ort_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Mapping[str, Any] | Options | None = None) -> Callable[..., Any]:
+    """The ``ort`` dynamo backend: ``torch.compile(model, backend="ort", options={...})``."""
+    return _compile_dynamo_graph(gm, example_inputs, _resolve(options))
+
+
+def compile(model: Any, *, dynamic: bool | None = None, fullgraph: bool = False, **options: Any) -> Any:
+    """``torch.compile(model, backend="ort")`` with ort-lazy options as keyword arguments."""
+    opts = Options.from_env(**options)
+    return torch.compile(model, backend=functools.partial(ort_backend, options=opts), dynamic=dynamic, fullgraph=fullgraph)

@@ -1,0 +1,173 @@
+"""Counters and timings that show what ran where.
+
+Tests and users read :func:`counters` to prove ORT really ran (``ort_runs`` > 0) and to see
+what fell back to PyTorch and why.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+__all__ = [
+    "counters",
+    "reset",
+    "fallbacks",
+    "timings",
+    "report",
+    "increment",
+    "record_fallback",
+    "record_time",
+    "timed",
+    "warn_once",
+]
+
+logger = logging.getLogger("ort_lazy")
+
+_COUNTER_NAMES = (
+    "ort_runs",
+    "torch_runs",
+    "sessions_created",
+    "session_cache_hits",
+    "regions_compiled",
+    "regions_on_ort",
+    "fallback_ops",
+    "fallback_regions",
+    "export_failures",
+    "ort_failures",
+    "graphs_compiled",
+)
+
+_lock = threading.Lock()
+_counters: collections.Counter[str] = collections.Counter()
+_fallbacks: collections.Counter[tuple[str, str]] = collections.Counter()
+_timings: dict[str, list[float]] = collections.defaultdict(list)
+_warned: set[str] = set()
+_MAX_SAMPLES = 10_000
+
+
+def increment(name: str, amount: int = 1) -> None:
+    """Add ``amount`` to counter ``name``."""
+    with _lock:
+        _counters[name] += amount
+
+
+def record_fallback(op: str, reason: str, count: int = 1) -> None:
+    """Count one op (``aten.mul.Tensor`` ...) left to PyTorch for ``reason``."""
+    with _lock:
+        _counters["fallback_ops"] += count
+        _fallbacks[(op, reason)] += count
+
+
+def record_time(name: str, seconds: float) -> None:
+    """Keep one timing sample (seconds) under ``name``; bounded per name."""
+    with _lock:
+        samples = _timings[name]
+        if len(samples) >= _MAX_SAMPLES:
+            del samples[: _MAX_SAMPLES // 2]
+        samples.append(seconds)
+
+
+@contextmanager
+def timed(name: str) -> Iterator[None]:
+    """Time the body and record it under ``name``."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        record_time(name, time.perf_counter() - start)
+
+
+def warn_once(key: str, message: str, *args: Any) -> None:
+    """Log ``message`` as a warning the first time ``key`` is seen (one per reason, not per call)."""
+    with _lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    logger.warning(message, *args)
+
+
+def counters() -> dict[str, int]:
+    """A snapshot of all counters (always includes the standard names, zero when unused)."""
+    with _lock:
+        out = {name: 0 for name in _COUNTER_NAMES}
+        out.update(_counters)
+        return out
+
+
+def fallbacks() -> dict[str, dict[str, int]]:
+    """Per op, how many times it was left to PyTorch for each reason."""
+    with _lock:
+        out: dict[str, dict[str, int]] = {}
+        for (op, reason), n in sorted(_fallbacks.items()):
+            out.setdefault(op, {})[reason] = n
+        return out
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return 0.0
+    index = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return sorted_values[index]
+
+
+def timings() -> dict[str, dict[str, float]]:
+    """Per timing name: count, total, p50, p90, p99 and max, in milliseconds."""
+    with _lock:
+        snapshot = {k: sorted(v) for k, v in _timings.items() if v}
+    out = {}
+    for name, values in sorted(snapshot.items()):
+        out[name] = {
+            "count": len(values),
+            "total_ms": sum(values) * 1e3,
+            "p50_ms": _percentile(values, 0.5) * 1e3,
+            "p90_ms": _percentile(values, 0.9) * 1e3,
+            "p99_ms": _percentile(values, 0.99) * 1e3,
+            "max_ms": values[-1] * 1e3,
+        }
+    return out
+
+
+def reset() -> None:
+    """Zero every counter, fallback count and timing (warnings already given stay given)."""
+    with _lock:
+        _counters.clear()
+        _fallbacks.clear()
+        _timings.clear()
+
+
+def report() -> str:
+    """A readable text report of counters, fallbacks and timings."""
+    lines = ["ort-lazy metrics", "counters:"]
+    for name, value in sorted(counters().items()):
+        lines.append(f"  {name:<22} {value}")
+    fb = fallbacks()
+    lines.append("ops left to PyTorch:" if fb else "ops left to PyTorch: none")
+    for op, reasons in fb.items():
+        for reason, n in reasons.items():
+            lines.append(f"  {op:<40} {n:>6}  {reason}")
+    tm = timings()
+    lines.append("timings (ms):" if tm else "timings: none")
+    for name, t in tm.items():
+        lines.append(
+            f"  {name:<28} n={t['count']:<6} p50={t['p50_ms']:.3f} p90={t['p90_ms']:.3f} "
+            f"p99={t['p99_ms']:.3f} total={t['total_ms']:.1f}"
+        )
+    return "\n".join(lines)
+
+
+def append_compile_record(record: dict[str, Any]) -> None:
+    """Append one JSON line to ``ORT_LAZY_METRICS_FILE`` when it is set."""
+    path = os.environ.get("ORT_LAZY_METRICS_FILE")
+    if not path:
+        return
+    line = json.dumps(record, sort_keys=True, default=str)
+    with _lock, open(path, "a", encoding="utf-8") as f:
+        f.write(line + "\n")

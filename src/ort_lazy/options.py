@@ -1,0 +1,257 @@
+"""One place for every setting of ort-lazy.
+
+Every field of :class:`Options` can also be set by an ``ORT_LAZY_<FIELD>`` environment
+variable (upper case). Explicit arguments win over the environment, the environment wins
+over the defaults. Invalid values raise :class:`OptionsError` naming the setting and the
+accepted values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["Options", "OptionsError", "RUN_TYPES", "KNOWN_PROVIDERS"]
+
+#: Run types: ``ort`` runs supported regions on ORT; ``pytorch`` captures as usual but runs
+#: every region in PyTorch; ``debug`` runs both and compares.
+RUN_TYPES = ("ort", "pytorch", "debug")
+
+#: Execution providers ort-lazy knows how to feed. Others are accepted when the installed
+#: onnxruntime reports them as available.
+KNOWN_PROVIDERS = (
+    "CPUExecutionProvider",
+    "CUDAExecutionProvider",
+    "TensorrtExecutionProvider",
+    "ROCMExecutionProvider",
+    "DmlExecutionProvider",
+    "OpenVINOExecutionProvider",
+    "CoreMLExecutionProvider",
+)
+
+_PROVIDER_ALIASES = {
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "tensorrt": "TensorrtExecutionProvider",
+    "trt": "TensorrtExecutionProvider",
+    "rocm": "ROCMExecutionProvider",
+    "dml": "DmlExecutionProvider",
+    "openvino": "OpenVINOExecutionProvider",
+    "coreml": "CoreMLExecutionProvider",
+}
+
+
+class OptionsError(ValueError):
+    """An invalid ort-lazy setting (argument or ``ORT_LAZY_*`` variable)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Settings shared by every front door (dynamo, fx, lazy, jit).
+
+    Attributes:
+        providers: ORT execution providers in priority order. ``None`` infers them from the
+            device of the inputs: CUDA (then CPU) for CUDA tensors, CPU otherwise.
+        provider_options: per-provider option dicts, e.g. ``{"CUDAExecutionProvider":
+            {"device_id": "0"}}``.
+        session_options: ORT ``SessionOptions`` attributes (``intra_op_num_threads``,
+            ``graph_optimization_level`` ...) or session config entries (keys with a dot,
+            e.g. ``session.intra_op.allow_spinning``).
+        min_block_size: smallest number of compute ops a region needs to run on ORT;
+            smaller regions stay in PyTorch.
+        torch_executed_ops: aten ops forced to stay in PyTorch (``"aten.relu"``,
+            ``"aten.relu.default"`` or ``"aten::relu"``).
+        freeze_weights: inference only: bake parameters into the ONNX model as initializers
+            (lets ORT prepack weights; the model snapshots them at compile time).
+        dynamic: ``True`` exports symbolic dims where the graph has them, ``False`` forces
+            one model per concrete input shape.
+        cache_size: maximum number of ORT sessions kept (LRU).
+        run_type: ``ort``, ``pytorch`` or ``debug`` (see :data:`RUN_TYPES`).
+        rtol: relative tolerance used by the ``debug`` run type.
+        atol: absolute tolerance used by the ``debug`` run type.
+        allow_spinning: ORT intra-op thread spinning. ``None`` disables it when a graph
+            interleaves ORT and PyTorch work, enables it when ORT runs the whole graph.
+        dump_dir: when set, every compiled region writes its ONNX model, source graph and
+            input schema there.
+        cache_dir: when set, exported ONNX models persist there across processes.
+        autotune: time each region on ORT and in PyTorch at compile time and keep the faster.
+    """
+
+    providers: tuple[str, ...] | None = None
+    provider_options: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    session_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    min_block_size: int = 1
+    torch_executed_ops: frozenset[str] = frozenset()
+    freeze_weights: bool = False
+    dynamic: bool = True
+    cache_size: int = 64
+    run_type: str = "ort"
+    rtol: float = 1e-3
+    atol: float = 1e-5
+    allow_spinning: bool | None = None
+    dump_dir: str | None = None
+    cache_dir: str | None = None
+    autotune: bool = False
+
+    def __post_init__(self) -> None:
+        _set = object.__setattr__
+        if self.providers is not None:
+            _set(self, "providers", _parse_providers(self.providers, "providers"))
+        _set(self, "provider_options", _parse_mapping(self.provider_options, "provider_options"))
+        _set(self, "session_options", _parse_mapping(self.session_options, "session_options"))
+        _set(self, "min_block_size", _parse_int(self.min_block_size, "min_block_size", 1))
+        _set(self, "cache_size", _parse_int(self.cache_size, "cache_size", 1))
+        _set(self, "torch_executed_ops", _parse_ops(self.torch_executed_ops, "torch_executed_ops"))
+        for name in ("freeze_weights", "dynamic", "autotune"):
+            _set(self, name, _parse_bool(getattr(self, name), name))
+        if self.allow_spinning is not None:
+            _set(self, "allow_spinning", _parse_bool(self.allow_spinning, "allow_spinning"))
+        run_type = str(self.run_type).strip().lower()
+        if run_type not in RUN_TYPES:
+            raise OptionsError(
+                f"run_type: unknown value {self.run_type!r}; accepted: {', '.join(RUN_TYPES)}"
+            )
+        _set(self, "run_type", run_type)
+        for name in ("rtol", "atol"):
+            _set(self, name, _parse_tolerance(getattr(self, name), name))
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Options:
+        """Build options from ``ORT_LAZY_*`` variables, then apply ``overrides``.
+
+        Raises:
+            OptionsError: a variable or an override is invalid (the message names it).
+        """
+        env = os.environ if environ is None else environ
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(overrides) - names
+        if unknown:
+            raise OptionsError(
+                f"unknown option(s) {sorted(unknown)}; accepted: {', '.join(sorted(names))}"
+            )
+        values: dict[str, Any] = {}
+        for name in names:
+            var = "ORT_LAZY_" + name.upper()
+            if var in env and env[var] != "":
+                values[name] = (var, env[var])
+        kwargs: dict[str, Any] = {}
+        for name, (var, raw) in values.items():
+            try:
+                cls(**{name: raw})
+            except OptionsError as e:
+                raise OptionsError(f"{var}={raw!r}: {e}") from None
+            kwargs[name] = raw
+        kwargs.update({k: v for k, v in overrides.items() if v is not None or k == "providers"})
+        return cls(**kwargs)
+
+    def replace(self, **changes: Any) -> Options:
+        """A copy with ``changes`` applied (validated)."""
+        return dataclasses.replace(self, **changes)
+
+    def resolve_providers(self, device: Any) -> tuple[str, ...]:
+        """Execution providers for tensors living on ``device`` (a torch.device or None)."""
+        if self.providers is not None:
+            return self.providers
+        if device is not None and getattr(device, "type", None) == "cuda":
+            return ("CUDAExecutionProvider", "CPUExecutionProvider")
+        return ("CPUExecutionProvider",)
+
+    def key(self) -> tuple[Any, ...]:
+        """A hashable summary of the fields that change the compiled result."""
+        return (
+            self.providers,
+            json.dumps(self.provider_options, sort_keys=True, default=str),
+            json.dumps(self.session_options, sort_keys=True, default=str),
+            self.freeze_weights,
+            self.dynamic,
+        )
+
+
+def _parse_bool(value: Any, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "on", "yes"):
+        return True
+    if text in ("0", "false", "off", "no"):
+        return False
+    raise OptionsError(f"{name}: expected a boolean (0/1, true/false), got {value!r}")
+
+
+def _parse_int(value: Any, name: str, minimum: int) -> int:
+    try:
+        result = int(str(value).strip()) if not isinstance(value, int) else value
+    except ValueError:
+        raise OptionsError(f"{name}: expected an integer >= {minimum}, got {value!r}") from None
+    if isinstance(result, bool) or result < minimum:
+        raise OptionsError(f"{name}: expected an integer >= {minimum}, got {value!r}")
+    return result
+
+
+def _parse_tolerance(value: Any, name: str) -> float:
+    try:
+        result = float(value)
+    except (TypeError, ValueError):
+        raise OptionsError(f"{name}: expected a non-negative number, got {value!r}") from None
+    if not (result >= 0.0) or result == float("inf"):
+        raise OptionsError(f"{name}: expected a finite non-negative number, got {value!r}")
+    return result
+
+
+def _parse_providers(value: Any, name: str) -> tuple[str, ...]:
+    items = value.split(",") if isinstance(value, str) else list(value)
+    out: list[str] = []
+    for item in items:
+        item = str(item).strip()
+        if not item:
+            continue
+        canonical = _PROVIDER_ALIASES.get(item.lower(), item)
+        if canonical not in KNOWN_PROVIDERS and canonical not in _available_providers():
+            accepted = ", ".join(sorted(set(KNOWN_PROVIDERS) | set(_PROVIDER_ALIASES)))
+            raise OptionsError(f"{name}: unknown execution provider {item!r}; accepted: {accepted}")
+        out.append(canonical)
+    if not out:
+        raise OptionsError(f"{name}: expected at least one execution provider")
+    return tuple(out)
+
+
+def _available_providers() -> list[str]:
+    try:
+        import onnxruntime
+
+        return list(onnxruntime.get_available_providers())
+    except Exception:  # pragma: no cover - onnxruntime missing is reported elsewhere
+        return []
+
+
+def _parse_mapping(value: Any, name: str) -> dict[str, Any]:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise OptionsError(f"{name}: expected a JSON object, got {value!r} ({e})") from None
+    if not isinstance(value, Mapping):
+        raise OptionsError(f"{name}: expected a mapping (JSON object), got {value!r}")
+    return {str(k): v for k, v in value.items()}
+
+
+def _parse_ops(value: Any, name: str) -> frozenset[str]:
+    items = value.split(",") if isinstance(value, str) else list(value)
+    out = set()
+    for item in items:
+        text = str(item).strip()
+        if not text:
+            continue
+        out.add(normalize_op_name(text))
+    return frozenset(out)
+
+
+def normalize_op_name(name: str) -> str:
+    """``aten::relu`` / ``torch.ops.aten.relu.default`` / ``aten.relu`` -> ``aten.relu[.overload]``."""
+    text = name.strip()
+    if text.startswith("torch.ops."):
+        text = text[len("torch.ops.") :]
+    return text.replace("::", ".")

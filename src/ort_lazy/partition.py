@@ -1,0 +1,205 @@
+"""Split an aten FX graph into ORT regions and PyTorch code, and compile each region.
+
+Supported nodes (see :mod:`ort_lazy.support`) are grouped with torch's
+``CapabilityBasedPartitioner``; each group becomes one ONNX model run by an :class:`OrtRegion`.
+A region whose export or session creation fails stays in PyTorch, counted and warned about once.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.fx
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.operator_support import OperatorSupportBase
+
+from . import metrics
+from .export.fx import ExportError, export_graph
+from .options import Options
+from .runtime.session import OrtRunError, OrtRunner
+from .support import Reason, op_name, unsupported_reason
+
+__all__ = ["OrtRegion", "compile_graph", "graph_device"]
+
+logger = logging.getLogger("ort_lazy")
+
+
+def graph_device(gm: torch.fx.GraphModule) -> torch.device:
+    """The device of the graph's tensors: the first CUDA device seen, else CPU."""
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and val.device.type == "cuda":
+            return val.device
+    return torch.device("cpu")
+
+
+class _Support(OperatorSupportBase):
+    def __init__(self, reasons: dict[torch.fx.Node, str | None]) -> None:
+        self.reasons = reasons
+
+    def is_node_supported(self, submodules: Any, node: torch.fx.Node) -> bool:
+        return self.reasons.get(node, Reason.NO_MAPPING) is None
+
+
+class OrtRegion(torch.nn.Module):
+    """One ORT-compiled region; falls back to its PyTorch graph if ORT fails at run time."""
+
+    def __init__(self, name: str, torch_module: torch.fx.GraphModule, runner: OrtRunner | None,
+                 options: Options, tuple_output: bool) -> None:
+        super().__init__()
+        self.name = name
+        self.torch_module = torch_module
+        self.runner = runner
+        self.options = options
+        self.tuple_output = tuple_output
+        self._run_type = options.run_type
+
+    def forward(self, *args: Any) -> Any:
+        runner = self.runner
+        if runner is None or self._run_type == "pytorch":
+            metrics.increment("torch_runs")
+            return self.torch_module(*args)
+        try:
+            outs = runner.run(args)
+        except OrtRunError as e:
+            metrics.increment("ort_failures")
+            metrics.warn_once(f"run:{self.name}", "ort-lazy: %s; running it in PyTorch from now on", e)
+            self.runner = None
+            return self.torch_module(*args)
+        if self._run_type == "debug":
+            from .debug.compare import compare_region
+
+            compare_region(self.name, self.torch_module, args, outs, self.options)
+        return tuple(outs) if self.tuple_output else outs[0]
+
+
+def _compute_nodes(nodes: Sequence[torch.fx.Node]) -> int:
+    return sum(1 for n in nodes if n.op == "call_function" and n.target is not operator.getitem)
+
+
+def _node_reasons(gm: torch.fx.GraphModule, options: Options, providers: Sequence[str]) -> dict[torch.fx.Node, str | None]:
+    reasons: dict[torch.fx.Node, str | None] = {}
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target is operator.getitem:
+            src = node.args[0]
+            reasons[node] = reasons.get(src, Reason.NO_MAPPING) if isinstance(src, torch.fx.Node) else Reason.NO_MAPPING
+            continue
+        reasons[node] = unsupported_reason(node, options, providers)
+    return reasons
+
+
+def _record(reasons: dict[torch.fx.Node, str | None]) -> None:
+    for node, reason in reasons.items():
+        # Python-level ops and shape arithmetic (SymInt) are plumbing, not compute left behind.
+        if reason is not None and reason != Reason.SYMBOLIC and isinstance(node.target, torch._ops.OpOverload):
+            metrics.record_fallback(op_name(node.target), reason)
+            metrics.warn_once(
+                f"fallback:{op_name(node.target)}:{reason}",
+                "ort-lazy: %s runs in PyTorch (%s)",
+                op_name(node.target),
+                reason,
+            )
+
+
+def _copy_placeholder_meta(parent: torch.fx.GraphModule, name: str) -> torch.fx.GraphModule:
+    """Fused submodules' placeholders lack meta['val']: copy it from the parent's arguments."""
+    sub = getattr(parent, name)
+    call = next(n for n in parent.graph.nodes if n.op == "call_module" and n.target == name)
+    placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+    for ph, arg in zip(placeholders, call.args):
+        if isinstance(arg, torch.fx.Node):
+            ph.meta["val"] = arg.meta.get("val", arg.meta.get("example_value"))
+    return sub
+
+
+def _tuple_output(gm: torch.fx.GraphModule) -> bool:
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    return isinstance(out.args[0], (tuple, list))
+
+
+def _make_region(name: str, sub: torch.fx.GraphModule, options: Options, spinning: bool) -> OrtRegion | None:
+    device = graph_device(sub)
+    try:
+        model = export_graph(sub, name)
+    except ExportError as e:
+        metrics.increment("export_failures")
+        _fallback_region(sub, Reason.EXPORT_FAILED)
+        metrics.warn_once(f"export:{e}", "ort-lazy: export of %s failed, it runs in PyTorch: %s", name, e)
+        return None
+    if options.dump_dir:
+        from .debug.dump import dump_region
+
+        dump_region(options.dump_dir, name, sub, model)
+    try:
+        runner = OrtRunner(model, options, device, spinning=spinning)
+    except OrtRunError as e:
+        metrics.increment("ort_failures")
+        _fallback_region(sub, Reason.ORT_FAILED)
+        metrics.warn_once(f"session:{e}", "ort-lazy: %s; it runs in PyTorch", e)
+        return None
+    metrics.increment("regions_on_ort")
+    return OrtRegion(name, sub, runner, options, _tuple_output(sub))
+
+
+def _fallback_region(sub: torch.fx.GraphModule, reason: str) -> None:
+    metrics.increment("fallback_regions")
+    for node in sub.graph.nodes:
+        if node.op == "call_function" and node.target is not operator.getitem:
+            metrics.record_fallback(op_name(node.target), reason)
+
+
+def compile_graph(gm: torch.fx.GraphModule, options: Options, *, tag: str = "graph") -> torch.fx.GraphModule:
+    """Replace every supported region of ``gm`` (aten ops, ``meta['val']`` set) by an ORT region.
+
+    Returns the same GraphModule object, modified, or ``gm`` untouched when nothing runs on ORT.
+    """
+    start = time.perf_counter()
+    metrics.increment("graphs_compiled")
+    device = graph_device(gm)
+    providers = options.resolve_providers(device)
+    reasons = _node_reasons(gm, options, providers)
+    _record(reasons)
+
+    partitioner = CapabilityBasedPartitioner(
+        gm, _Support(reasons), allows_single_node_partition=True
+    )
+    partitions = partitioner.propose_partitions()
+    kept = []
+    for p in partitions:
+        nodes = list(p.nodes)
+        if _compute_nodes(nodes) < options.min_block_size:
+            for n in nodes:
+                if n.target is not operator.getitem:
+                    metrics.record_fallback(op_name(n.target), Reason.SMALL_REGION)
+            continue
+        kept.append(p)
+    if not kept:
+        metrics.record_time("compile", time.perf_counter() - start)
+        return gm
+
+    unsupported = sum(1 for r in reasons.values() if r is not None)
+    whole_graph = unsupported == 0 and len(kept) == 1
+    spinning = options.allow_spinning if options.allow_spinning is not None else whole_graph
+
+    fused = partitioner.fuse_partitions(kept)
+    index = 0
+    for node in list(fused.graph.nodes):
+        if node.op != "call_module" or not node.target.startswith("fused_"):
+            continue
+        name = node.target
+        sub = _copy_placeholder_meta(fused, name)
+        metrics.increment("regions_compiled")
+        region = _make_region(f"{tag}_{name}", sub, options, spinning)
+        index += 1
+        if region is not None:
+            setattr(fused, name, region)
+    fused.recompile()
+    metrics.record_time("compile", time.perf_counter() - start)
+    return fused

@@ -1,0 +1,1 @@
+"""ORT sessions, kernel registry and flavour detection."""

@@ -1,0 +1,188 @@
+"""ORT's kernel registry: which ONNX op runs for which dtypes on which execution provider.
+
+Used by the support table to reject, before any session is created, a region that ORT would
+refuse (e.g. bfloat16 ``Mul`` on CPU) so that it falls back to PyTorch up front.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from .flavour import onnxruntime
+
+__all__ = ["KernelRegistry", "kernel_registry", "UnsupportedNode"]
+
+_MAX = 2**31 - 1
+# ORT's CPU provider inserts Cast nodes around float16 ops that only have float kernels
+# (InsertCastTransformer); it does nothing of the sort for bfloat16.
+_CPU_CASTABLE = {"tensor(float16)": "tensor(float)"}
+
+
+@dataclass(frozen=True)
+class UnsupportedNode:
+    """An ONNX node no requested provider has a kernel for."""
+
+    op_type: str
+    domain: str
+    types: tuple[str, ...]
+    node_name: str
+
+    def describe(self) -> str:
+        """``Mul(tensor(bfloat16))``-like text."""
+        return f"{self.op_type}({', '.join(t for t in self.types if t)})"
+
+
+class KernelRegistry:
+    """Kernel definitions by (domain, op type, provider)."""
+
+    def __init__(self, defs: Iterable[object]) -> None:
+        self._defs: dict[tuple[str, str, str], list[tuple[int, int, dict[str, set[str]]]]] = {}
+        for d in defs:
+            domain = _norm_domain(d.domain)  # type: ignore[attr-defined]
+            key = (domain, d.op_name, d.provider)  # type: ignore[attr-defined]
+            lo, hi = d.version_range  # type: ignore[attr-defined]
+            constraints = {k: set(v) for k, v in d.type_constraints.items()}  # type: ignore[attr-defined]
+            self._defs.setdefault(key, []).append((lo, hi, constraints))
+        self._ops = {(dom, op) for dom, op, _ in self._defs}
+
+    def knows(self, domain: str, op_type: str) -> bool:
+        """Whether any provider registers ``op_type`` at all."""
+        return (_norm_domain(domain), op_type) in self._ops
+
+    def has_kernel(
+        self,
+        domain: str,
+        op_type: str,
+        opset: int,
+        providers: Sequence[str],
+        bindings: dict[str, str],
+    ) -> bool:
+        """Whether a kernel exists on any of ``providers`` for the type ``bindings``.
+
+        ``bindings`` maps type-constraint names (``T``) to ONNX type strings
+        (``tensor(float)``); constraints the kernel leaves open are not checked.
+        """
+        domain = _norm_domain(domain)
+        for provider in providers:
+            for lo, hi, constraints in self._defs.get((domain, op_type, provider), ()):
+                if not lo <= opset <= min(hi, _MAX):
+                    continue
+                if _matches(constraints, bindings):
+                    return True
+                if provider == "CPUExecutionProvider":
+                    cast = {k: _CPU_CASTABLE.get(v, v) for k, v in bindings.items()}
+                    if cast != bindings and _matches(constraints, cast):
+                        return True
+        return False
+
+
+def _matches(constraints: dict[str, set[str]], bindings: dict[str, str]) -> bool:
+    return all(
+        name not in constraints or type_str in constraints[name]
+        for name, type_str in bindings.items()
+    )
+
+
+def _norm_domain(domain: str) -> str:
+    return "" if domain in ("", "ai.onnx") else domain
+
+
+@functools.lru_cache(maxsize=1)
+def kernel_registry() -> KernelRegistry:
+    """The installed onnxruntime's kernel registry (read once)."""
+    onnxruntime()
+    from onnxruntime.capi import _pybind_state as C
+
+    return KernelRegistry(C.get_all_opkernel_def())
+
+
+@functools.lru_cache(maxsize=4096)
+def _schema_io(op_type: str, opset: int, domain: str) -> tuple[tuple[str, ...], tuple[str, ...], bool]:
+    """Type-constraint names of a schema's inputs and outputs and whether it expands to a function."""
+    import onnx
+
+    try:
+        schema = onnx.defs.get_schema(op_type, opset, domain)
+    except Exception:
+        return (), (), False
+    ins = tuple(i.type_str for i in schema.inputs)
+    outs = tuple(o.type_str for o in schema.outputs)
+    expands = bool(schema.has_function or schema.has_context_dependent_function)
+    return ins, outs, expands
+
+
+def unsupported_nodes(model: object, providers: Sequence[str]) -> list[UnsupportedNode]:
+    """ONNX nodes of an ``onnx_ir`` model with no kernel on ``providers`` for their dtypes.
+
+    Nodes in local function domains are walked through their function bodies. Ops the schema
+    defines as functions (ORT expands them) and ops outside ORT's registry with no schema are
+    left to session creation to decide.
+    """
+    registry = kernel_registry()
+    opsets = dict(model.opset_imports)  # type: ignore[attr-defined]
+    local = {f.identifier(): f for f in model.functions.values()}  # type: ignore[attr-defined]
+    bad: list[UnsupportedNode] = []
+
+    def type_str(value: object) -> str | None:
+        if value is None or value.dtype is None:  # type: ignore[attr-defined]
+            return None
+        return f"tensor({_ONNX_TYPE_NAMES.get(value.dtype, str(value.dtype).lower())})"  # type: ignore[attr-defined]
+
+    def visit(nodes: Iterable[object], opsets: dict[str, int]) -> None:
+        for node in nodes:
+            key = (node.domain, node.op_type, node.overload)  # type: ignore[attr-defined]
+            if key in local:
+                fn = local[key]
+                visit(fn, {**opsets, **dict(fn.opset_imports)})
+                continue
+            domain = _norm_domain(node.domain)  # type: ignore[attr-defined]
+            opset = opsets.get(domain, opsets.get("ai.onnx", 1)) if domain == "" else opsets.get(domain, 1)
+            if not registry.knows(domain, node.op_type):  # type: ignore[attr-defined]
+                continue  # function-expanded or unknown: session creation decides
+            ins, outs, _ = _schema_io(node.op_type, opset, domain)  # type: ignore[attr-defined]
+            bindings: dict[str, str] = {}
+            for formal, value in list(zip(ins, node.inputs)) + list(zip(outs, node.outputs)):  # type: ignore[attr-defined]
+                ts = type_str(value)
+                if ts is not None and formal and not formal.startswith("tensor"):
+                    bindings.setdefault(formal, ts)
+            if not registry.has_kernel(domain, node.op_type, opset, providers, bindings):  # type: ignore[attr-defined]
+                bad.append(
+                    UnsupportedNode(
+                        node.op_type,  # type: ignore[attr-defined]
+                        domain,
+                        tuple(sorted(set(bindings.values()))),
+                        node.name or "",  # type: ignore[attr-defined]
+                    )
+                )
+
+    visit(model.graph, opsets)  # type: ignore[attr-defined]
+    return bad
+
+
+def _onnx_type_names() -> dict[object, str]:
+    import onnx_ir as ir
+
+    d = ir.DataType
+    return {
+        d.FLOAT: "float",
+        d.DOUBLE: "double",
+        d.FLOAT16: "float16",
+        d.BFLOAT16: "bfloat16",
+        d.INT64: "int64",
+        d.INT32: "int32",
+        d.INT16: "int16",
+        d.INT8: "int8",
+        d.UINT8: "uint8",
+        d.UINT16: "uint16",
+        d.UINT32: "uint32",
+        d.UINT64: "uint64",
+        d.BOOL: "bool",
+        d.STRING: "string",
+        d.COMPLEX64: "complex64",
+        d.COMPLEX128: "complex128",
+    }
+
+
+_ONNX_TYPE_NAMES = _onnx_type_names()

@@ -1,0 +1,342 @@
+"""ORT sessions: creation, a bounded thread-safe cache, and zero-copy runs through IOBinding.
+
+Inputs are bound by data pointer (no copy unless a tensor is non-contiguous); outputs are
+torch tensors allocated up front and bound by pointer when their shapes are static, otherwise
+ORT allocates them and they cross to torch through DLPack. Either way no output is copied.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import threading
+import time
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import metrics
+from ..options import Options
+from .flavour import max_ir_version, onnxruntime
+
+__all__ = [
+    "TensorSpec",
+    "OrtModel",
+    "SessionCache",
+    "session_cache",
+    "create_session",
+    "OrtRunner",
+    "OrtRunError",
+    "TORCH_TO_ONNX",
+]
+
+# torch dtype -> ONNX TensorProto element type
+TORCH_TO_ONNX: dict[torch.dtype, int] = {
+    torch.float32: 1,
+    torch.uint8: 2,
+    torch.int8: 3,
+    torch.int16: 5,
+    torch.int32: 6,
+    torch.int64: 7,
+    torch.bool: 9,
+    torch.float16: 10,
+    torch.float64: 11,
+    torch.complex64: 14,
+    torch.complex128: 15,
+    torch.bfloat16: 16,
+}
+ONNX_TO_TORCH = {v: k for k, v in TORCH_TO_ONNX.items()}
+
+# numpy element types for IOBinding; bfloat16 has none and is passed as its ONNX enum.
+_NUMPY_TYPES: dict[torch.dtype, Any] = {
+    torch.float32: np.float32,
+    torch.float64: np.float64,
+    torch.float16: np.float16,
+    torch.int64: np.int64,
+    torch.int32: np.int32,
+    torch.int16: np.int16,
+    torch.int8: np.int8,
+    torch.uint8: np.uint8,
+    torch.bool: np.bool_,
+    torch.bfloat16: 16,
+}
+
+
+class OrtRunError(RuntimeError):
+    """ORT failed to create a session or to run one; callers fall back to PyTorch."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """dtype, shape (ints, or names for symbolic dims) and device of one graph input/output.
+
+    ``scalar`` marks a Python number (SymInt/SymFloat/SymBool) bound as a 0-d tensor.
+    """
+
+    dtype: torch.dtype
+    shape: tuple[int | str, ...]
+    device: torch.device
+    scalar: bool = False
+
+    @property
+    def static(self) -> bool:
+        """Whether every dim is a concrete int."""
+        return all(isinstance(d, int) for d in self.shape)
+
+
+@dataclass
+class OrtModel:
+    """A serialized ONNX model with the torch-side description of its inputs and outputs."""
+
+    model_bytes: bytes
+    input_names: list[str]
+    output_names: list[str]
+    input_specs: list[TensorSpec]
+    output_specs: list[TensorSpec]
+    name: str = "region"
+
+    def __post_init__(self) -> None:
+        self.digest = hashlib.sha256(self.model_bytes).hexdigest()
+
+
+class SessionCache:
+    """A bounded LRU of ORT sessions, safe to use from many threads."""
+
+    def __init__(self, capacity: int = 64) -> None:
+        self.capacity = capacity
+        self._items: collections.OrderedDict[Hashable, Any] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self._building: dict[Hashable, threading.Lock] = {}
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get_or_create(self, key: Hashable, factory: Callable[[], Any]) -> Any:
+        """The cached value for ``key``, or ``factory()`` stored under it (built once)."""
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                metrics.increment("session_cache_hits")
+                return self._items[key]
+            build_lock = self._building.setdefault(key, threading.Lock())
+        with build_lock:
+            with self._lock:
+                if key in self._items:
+                    self._items.move_to_end(key)
+                    metrics.increment("session_cache_hits")
+                    return self._items[key]
+            value = factory()
+            with self._lock:
+                self._items[key] = value
+                self._items.move_to_end(key)
+                while len(self._items) > self.capacity:
+                    self._items.popitem(last=False)
+                self._building.pop(key, None)
+            return value
+
+    def clear(self) -> None:
+        """Drop every session."""
+        with self._lock:
+            self._items.clear()
+
+
+_cache = SessionCache()
+
+
+def session_cache(capacity: int | None = None) -> SessionCache:
+    """The process-wide session cache (``capacity`` updates its bound)."""
+    if capacity is not None:
+        _cache.capacity = capacity
+    return _cache
+
+
+def _session_options(options: Options, spinning: bool) -> Any:
+    ort = onnxruntime()
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    for key, value in options.session_options.items():
+        if "." in key:
+            so.add_session_config_entry(key, str(value))
+        elif key == "graph_optimization_level" and isinstance(value, str):
+            so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, value)
+        elif hasattr(so, key):
+            setattr(so, key, value)
+        else:
+            raise OrtRunError(f"session_options: ORT SessionOptions has no attribute {key!r}")
+    if "session.intra_op.allow_spinning" not in options.session_options:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    return so
+
+
+def provider_options_for(provider: str, options: Options, device: torch.device) -> dict[str, str]:
+    """ORT provider options for ``provider`` on ``device``.
+
+    For CUDA, the session runs on the device's index and on torch's current stream
+    (``user_compute_stream``), so ORT work is ordered with PyTorch work on that stream.
+    """
+    opts = {k: str(v) for k, v in options.provider_options.get(provider, {}).items()}
+    if provider in ("CUDAExecutionProvider", "TensorrtExecutionProvider") and device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        opts.setdefault("device_id", str(index))
+        if provider == "CUDAExecutionProvider":
+            stream = torch.cuda.current_stream(index).cuda_stream
+            opts.setdefault("has_user_compute_stream", "1")
+            opts.setdefault("user_compute_stream", str(stream))
+    return opts
+
+
+def create_session(
+    model: OrtModel, options: Options, device: torch.device, spinning: bool
+) -> tuple[Any, tuple[str, ...]]:
+    """Create an ORT session for ``model`` (not cached). Raises :class:`OrtRunError`."""
+    ort = onnxruntime()
+    providers = options.resolve_providers(device)
+    available = set(ort.get_available_providers())
+    missing = [p for p in providers if p not in available]
+    if missing:
+        raise OrtRunError(
+            f"execution provider(s) {missing} not available in the installed "
+            f"onnxruntime (available: {sorted(available)})"
+        )
+    provider_opts = [provider_options_for(p, options, device) for p in providers]
+    start = time.perf_counter()
+    try:
+        sess = ort.InferenceSession(
+            _clamp_ir_version(model.model_bytes),
+            sess_options=_session_options(options, spinning),
+            providers=list(providers),
+            provider_options=provider_opts,
+        )
+    except OrtRunError:
+        raise
+    except Exception as e:
+        raise OrtRunError(f"ORT session creation failed for {model.name}: {e}") from e
+    metrics.record_time("session_create", time.perf_counter() - start)
+    metrics.increment("sessions_created")
+    return sess, providers
+
+
+def _clamp_ir_version(model_bytes: bytes) -> bytes:
+    """Lower the model's IR version to what the installed ORT accepts, when needed."""
+    limit = max_ir_version()
+    import onnx
+
+    proto = onnx.ModelProto()
+    proto.ParseFromString(model_bytes)
+    if proto.ir_version <= limit:
+        return model_bytes
+    proto.ir_version = limit
+    return proto.SerializeToString()
+
+
+def _device_key(device: torch.device) -> tuple[str, int]:
+    if device.type == "cuda":
+        return ("cuda", device.index if device.index is not None else torch.cuda.current_device())
+    return ("cpu", 0)
+
+
+class OrtRunner:
+    """Runs one :class:`OrtModel` on ORT with torch tensors in and out, without copies."""
+
+    def __init__(
+        self,
+        model: OrtModel,
+        options: Options,
+        device: torch.device,
+        *,
+        spinning: bool = False,
+        cache_extra: Hashable = (),
+    ) -> None:
+        self.model = model
+        self.options = options
+        self.device = device
+        devkey = _device_key(device)
+        stream = None
+        if device.type == "cuda":
+            stream = torch.cuda.current_stream(devkey[1]).cuda_stream
+        key = (model.digest, options.key(), devkey, stream, spinning, cache_extra)
+        cache = session_cache(options.cache_size)
+        self.session, self.providers = cache.get_or_create(
+            key, lambda: create_session(model, options, device, spinning)
+        )
+        self._sess = self.session._sess
+        ort = onnxruntime()
+        self._ort_device = ort.OrtDevice.make(devkey[0], devkey[1])._get_c_device()
+        self._cpu_device = ort.OrtDevice.make("cpu", 0)._get_c_device()
+        self._run_options = ort.RunOptions()._get_c_obj() if hasattr(ort.RunOptions(), "_get_c_obj") else None
+        self._local = threading.local()
+        self._static_outputs = [s.static for s in model.output_specs]
+        from onnxruntime.capi import _pybind_state as C
+
+        self._C = C
+
+    def _binding(self) -> Any:
+        b = getattr(self._local, "binding", None)
+        if b is None:
+            b = self._C.SessionIOBinding(self._sess)
+            self._local.binding = b
+        return b
+
+    def run(self, inputs: Sequence[Any]) -> list[torch.Tensor]:
+        """Run the model; ``inputs`` are tensors or ints (SymInt values), in graph input order."""
+        binding = self._binding()
+        keep: list[torch.Tensor] = []
+        names = self.model.input_names
+        for name, value, spec in zip(names, inputs, self.model.input_specs):
+            if not isinstance(value, torch.Tensor):
+                value = torch.tensor(value, dtype=spec.dtype)
+            elif not value.is_contiguous():
+                value = value.contiguous()
+            keep.append(value)
+            dev = self._ort_device if value.device.type == "cuda" else self._cpu_device
+            binding.bind_input(
+                name, dev, _NUMPY_TYPES[value.dtype], list(value.shape), value.data_ptr()
+            )
+        outputs: list[torch.Tensor | None] = []
+        for name, spec, static in zip(self.model.output_names, self.model.output_specs, self._static_outputs):
+            if static:
+                out = torch.empty(spec.shape, dtype=spec.dtype, device=self.device)  # type: ignore[arg-type]
+                binding.bind_output(
+                    name, self._ort_device, _NUMPY_TYPES[out.dtype], list(out.shape), out.data_ptr()
+                )
+                outputs.append(out)
+            else:
+                binding.bind_output(name, self._ort_device)
+                outputs.append(None)
+        try:
+            if self._run_options is not None:
+                self._sess.run_with_iobinding(binding, self._run_options)
+            else:
+                self._sess.run_with_iobinding(binding, None)
+        except Exception as e:
+            binding.clear_binding_inputs()
+            binding.clear_binding_outputs()
+            raise OrtRunError(f"ORT run failed for {self.model.name}: {e}") from e
+        if any(o is None for o in outputs):
+            ort_values = binding.get_outputs()
+            for i, o in enumerate(outputs):
+                if o is None:
+                    outputs[i] = _from_ortvalue(ort_values[i], self.model.output_specs[i].dtype)
+        binding.clear_binding_inputs()
+        binding.clear_binding_outputs()
+        metrics.increment("ort_runs")
+        del keep
+        return outputs  # type: ignore[return-value]
+
+
+def _from_ortvalue(value: Any, dtype: torch.dtype | None) -> torch.Tensor:
+    """An ORT-allocated output as a torch tensor sharing its memory (DLPack)."""
+    if dtype is torch.bool:
+        # DLPack has no portable bool on every ORT build: view the bytes as uint8.
+        try:
+            return torch.from_dlpack(value.to_dlpack())
+        except Exception:
+            return torch.from_numpy(value.numpy())
+    if dtype is None or value.shape() == [] or 0 in value.shape():
+        # zero-size or 0-d: nothing to share; numpy keeps it cheap
+        array = value.numpy()
+        return torch.from_numpy(np.array(array)) if dtype is not torch.bfloat16 else torch.from_dlpack(value.to_dlpack())
+    return torch.from_dlpack(value.to_dlpack())

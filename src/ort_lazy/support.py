@@ -1,0 +1,239 @@
+"""Which aten op, with which dtypes, ORT can run on which execution provider.
+
+One table serves every front door: an op is supported when the exporter has an ONNX
+translation for its overload AND every ONNX node that translation emits for the op's actual
+dtypes has a kernel on the chosen providers (ORT's kernel registry). The dtype half is decided
+by translating the single op once per (overload, dtypes, arguments, providers) and checking the
+emitted nodes, so e.g. bfloat16 ``Mul`` on CPU falls back up front instead of failing at session
+creation.
+"""
+
+from __future__ import annotations
+
+import operator
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.fx
+
+from . import _compat
+from .options import Options
+
+__all__ = [
+    "Reason",
+    "op_name",
+    "unsupported_reason",
+    "is_excluded",
+    "probe_op",
+    "op_reason",
+]
+
+
+class Reason:
+    """Why an op stays in PyTorch (stable strings shown by metrics and explain)."""
+
+    NO_MAPPING = "no ONNX mapping for this op"
+    NO_KERNEL = "no ORT kernel for these dtypes on this provider"
+    EXCLUDED = "excluded by the user (torch_executed_ops)"
+    EXPORT_FAILED = "export failed"
+    ORT_FAILED = "ORT session or run failed"
+    UNSUPPORTED_DTYPE = "dtype not supported by ORT"
+    SYMBOLIC = "produces a Python scalar (symbolic shape arithmetic)"
+    MUTATION = "mutates its input in place (kept in PyTorch)"
+    SMALL_REGION = "region smaller than min_block_size"
+    AUTOTUNE = "PyTorch was faster for this region (autotune)"
+
+
+# dtypes ONNX/ORT can carry at all across the boundary.
+_CARRIED = {
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+}
+
+# Ops that only shuffle metadata or are pure Python plumbing, always kept with their producer.
+_GETITEM = operator.getitem
+
+
+def op_name(target: Any) -> str:
+    """``aten.mul.Tensor`` for an OpOverload, a readable name for anything else."""
+    if isinstance(target, torch._ops.OpOverload):
+        return f"{target.namespace}.{target._schema.name.split('::')[-1]}.{target._overloadname}"
+    return getattr(target, "__name__", str(target))
+
+
+def is_excluded(target: Any, options: Options) -> bool:
+    """Whether the user forced ``target`` to stay in PyTorch."""
+    if not options.torch_executed_ops:
+        return False
+    full = op_name(target)
+    packet = full.rsplit(".", 1)[0]
+    return full in options.torch_executed_ops or packet in options.torch_executed_ops
+
+
+def _meta(value: Any) -> Any:
+    if isinstance(value, torch.fx.Node):
+        return value.meta.get("val", value.meta.get("example_value"))
+    return value
+
+
+def _tensor_metas(values: Any) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+    for v in torch.fx.node.map_aggregate(values, _meta) if values is not None else ():
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+    return out
+
+
+def _flat_metas(value: Any) -> list[Any]:
+    flat: list[Any] = []
+    torch.fx.node.map_aggregate(value, lambda v: flat.append(v))
+    return flat
+
+
+def unsupported_reason(node: torch.fx.Node, options: Options, providers: Sequence[str]) -> str | None:
+    """None when ``node`` can run on ORT with ``providers``, else the reason it cannot."""
+    if node.op != "call_function":
+        return Reason.NO_MAPPING
+    target = node.target
+    if target is _GETITEM:
+        return None
+    if not isinstance(target, torch._ops.OpOverload):
+        return Reason.NO_MAPPING
+    if is_excluded(target, options):
+        return Reason.EXCLUDED
+    out_meta = _meta(node)
+    outs = _flat_metas(out_meta)
+    if any(isinstance(o, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)) for o in outs):
+        return Reason.SYMBOLIC
+    if target._schema.is_mutable:
+        return Reason.MUTATION
+    if not _compat.is_registered(target):
+        return Reason.NO_MAPPING
+    in_metas = [m for m in _flat_metas(torch.fx.node.map_aggregate(node.args, _meta))]
+    in_metas += _flat_metas(torch.fx.node.map_aggregate(node.kwargs, _meta))
+    tensors = [t for t in in_metas + outs if isinstance(t, torch.Tensor)]
+    if any(t.dtype not in _CARRIED for t in tensors):
+        return Reason.UNSUPPORTED_DTYPE
+    if any(t.device.type not in ("cpu", "cuda", "meta") for t in tensors):
+        return Reason.UNSUPPORTED_DTYPE
+    return probe_op(node, tuple(providers))
+
+
+def op_reason(
+    target: Any,
+    args: Sequence[Any],
+    kwargs: dict[str, Any] | None,
+    output: Any,
+    options: Options,
+    providers: Sequence[str],
+) -> str | None:
+    """Like :func:`unsupported_reason` for an op given by its overload and example values.
+
+    ``args``/``kwargs``/``output`` hold tensors (meta or fake tensors are fine: only dtype,
+    rank and device are read) and Python constants. Front doors without an FX graph (the
+    TorchScript bridge) use this, so every front door answers from the same table.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    graph = torch.fx.Graph()
+    counter = [0]
+    mode = FakeTensorMode()
+
+    def fake(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        device = "cpu" if value.device.type == "meta" else value.device
+        with mode:
+            return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=device)
+
+    def to_node(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            ph = graph.placeholder(f"in_{counter[0]}")
+            counter[0] += 1
+            ph.meta["val"] = fake(value)
+            return ph
+        return value
+
+    node_args = torch.fx.node.map_aggregate(tuple(args), to_node)
+    node_kwargs = torch.fx.node.map_aggregate(dict(kwargs or {}), to_node)
+    node = graph.call_function(target, node_args, node_kwargs)  # type: ignore[arg-type]
+    node.meta["val"] = torch.fx.node.map_aggregate(output, fake)
+    return unsupported_reason(node, options, providers)
+
+
+_probe_lock = threading.Lock()
+
+
+def _probe_key(node: torch.fx.Node, providers: tuple[str, ...]) -> tuple[Any, ...]:
+    def sig(v: Any) -> Any:
+        m = _meta(v) if isinstance(v, torch.fx.Node) else v
+        if isinstance(m, torch.Tensor):
+            return ("T", m.dtype, m.dim())
+        if isinstance(m, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return ("S", type(m).__name__)
+        if isinstance(m, (list, tuple)):
+            return tuple(sig(x) for x in m)
+        if isinstance(m, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
+            return str(m)
+        try:
+            hash(m)
+        except TypeError:
+            return repr(m)
+        return m
+
+    args = tuple(sig(a) for a in node.args)
+    kwargs = tuple(sorted((k, sig(v)) for k, v in node.kwargs.items()))
+    out = sig(node)
+    return (node.target, args, kwargs, out, providers)
+
+
+def probe_op(node: torch.fx.Node, providers: tuple[str, ...]) -> str | None:
+    """Translate ``node`` alone and check every emitted ONNX node against ORT's kernels."""
+    try:
+        key = _probe_key(node, providers)
+        hash(key)
+    except Exception:
+        key = None
+    if key is None:
+        return _probe_uncached(node, providers)
+    return _probe_cached(key, node, providers)
+
+
+_probe_results: dict[tuple[Any, ...], str | None] = {}
+
+
+def _probe_cached(key: tuple[Any, ...], node: torch.fx.Node, providers: tuple[str, ...]) -> str | None:
+    with _probe_lock:
+        if key in _probe_results:
+            return _probe_results[key]
+    result = _probe_uncached(node, providers)
+    with _probe_lock:
+        if len(_probe_results) > 8192:
+            _probe_results.clear()
+        _probe_results[key] = result
+    return result
+
+
+def _probe_uncached(node: torch.fx.Node, providers: tuple[str, ...]) -> str | None:
+    from .export.fx import single_node_graph, translate
+    from .runtime.kernels import unsupported_nodes
+
+    try:
+        gm = single_node_graph(node)
+        model = translate(gm, name="probe")
+    except Exception:
+        return Reason.EXPORT_FAILED
+    bad = unsupported_nodes(model, providers)
+    if bad:
+        return f"{Reason.NO_KERNEL}: " + ", ".join(sorted({b.describe() for b in bad}))
+    return None
