@@ -1,0 +1,39 @@
+"""Shared fixtures and the ``--shards N --shard I`` split used by build.py and CI."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("ort-lazy sharding")
+    group.addoption("--shards", type=int, default=1, help="split the suite into N shards")
+    group.addoption("--shard", type=int, default=0, help="run shard I (0-based)")
+
+
+def shard_of(nodeid: str, shards: int) -> int:
+    """Stable shard index of a test id (same on every machine and Python)."""
+    return int(hashlib.sha256(nodeid.encode()).hexdigest(), 16) % shards
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    shards = config.getoption("--shards")
+    if shards <= 1:
+        return
+    shard = config.getoption("--shard")
+    keep, drop = [], []
+    for item in items:
+        (keep if shard_of(item.nodeid, shards) == shard else drop).append(item)
+    items[:] = keep
+    config.hook.pytest_deselected(items=drop)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_metrics():
+    """Every test starts with zeroed counters."""
+    from ort_lazy import metrics
+
+    metrics.reset()
+    yield
