@@ -32,8 +32,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def _fresh_metrics():
-    """Every test starts with zeroed counters."""
+    """Every test starts with zeroed counters and no cached ORT sessions."""
     from ort_lazy import metrics
+    from ort_lazy.runtime.session import session_cache
 
     metrics.reset()
+    session_cache().clear()
     yield

@@ -57,7 +57,8 @@ def _resolve(options: Options | Mapping[str, Any] | None) -> Options:
 def _compile_dynamo_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], opts: Options) -> Callable[..., Any]:
     from torch._dynamo.backends.common import aot_autograd
 
-    lower_fast_paths(gm)
+    if isinstance(gm, torch.fx.GraphModule):
+        lower_fast_paths(gm)
     aot = aot_autograd(
         fw_compiler=_aot_compiler(opts, "forward"),
         bw_compiler=_aot_compiler(opts, "backward"),

@@ -266,7 +266,7 @@ class OrtRunner:
         ort = onnxruntime()
         self._ort_device = ort.OrtDevice.make(devkey[0], devkey[1])._get_c_device()
         self._cpu_device = ort.OrtDevice.make("cpu", 0)._get_c_device()
-        self._run_options = ort.RunOptions()._get_c_obj() if hasattr(ort.RunOptions(), "_get_c_obj") else None
+        self._run_options = ort.RunOptions()
         self._local = threading.local()
         self._static_outputs = [s.static for s in model.output_specs]
         from onnxruntime.capi import _pybind_state as C
@@ -281,62 +281,67 @@ class OrtRunner:
         return b
 
     def run(self, inputs: Sequence[Any]) -> list[torch.Tensor]:
-        """Run the model; ``inputs`` are tensors or ints (SymInt values), in graph input order."""
+        """Run the model; ``inputs`` are tensors or Python numbers, in graph input order.
+
+        Raises:
+            OrtRunError: binding or running failed (the caller falls back to PyTorch).
+        """
         binding = self._binding()
+        try:
+            return self._run(binding, inputs)
+        except OrtRunError:
+            raise
+        except Exception as e:
+            raise OrtRunError(f"ORT run failed for {self.model.name}: {e}") from e
+        finally:
+            binding.clear_binding_inputs()
+            binding.clear_binding_outputs()
+
+    def _run(self, binding: Any, inputs: Sequence[Any]) -> list[torch.Tensor]:
         keep: list[torch.Tensor] = []
-        names = self.model.input_names
-        for name, value, spec in zip(names, inputs, self.model.input_specs):
+        for name, value, spec in zip(self.model.input_names, inputs, self.model.input_specs):
             if not isinstance(value, torch.Tensor):
                 value = torch.tensor(value, dtype=spec.dtype)
             elif not value.is_contiguous():
                 value = value.contiguous()
-            keep.append(value)
+            keep.append(value)  # alive until the run ends
             dev = self._ort_device if value.device.type == "cuda" else self._cpu_device
-            binding.bind_input(
-                name, dev, _NUMPY_TYPES[value.dtype], list(value.shape), value.data_ptr()
-            )
+            binding.bind_input(name, dev, _NUMPY_TYPES[value.dtype], list(value.shape), _data_ptr(value))
         outputs: list[torch.Tensor | None] = []
         for name, spec, static in zip(self.model.output_names, self.model.output_specs, self._static_outputs):
             if static:
                 out = torch.empty(spec.shape, dtype=spec.dtype, device=self.device)  # type: ignore[arg-type]
-                binding.bind_output(
-                    name, self._ort_device, _NUMPY_TYPES[out.dtype], list(out.shape), out.data_ptr()
-                )
+                binding.bind_output(name, self._ort_device, _NUMPY_TYPES[out.dtype], list(out.shape), _data_ptr(out))
                 outputs.append(out)
             else:
                 binding.bind_output(name, self._ort_device)
                 outputs.append(None)
-        try:
-            if self._run_options is not None:
-                self._sess.run_with_iobinding(binding, self._run_options)
-            else:
-                self._sess.run_with_iobinding(binding, None)
-        except Exception as e:
-            binding.clear_binding_inputs()
-            binding.clear_binding_outputs()
-            raise OrtRunError(f"ORT run failed for {self.model.name}: {e}") from e
+        self._sess.run_with_iobinding(binding, self._run_options)
         if any(o is None for o in outputs):
             ort_values = binding.get_outputs()
             for i, o in enumerate(outputs):
                 if o is None:
                     outputs[i] = _from_ortvalue(ort_values[i], self.model.output_specs[i].dtype)
-        binding.clear_binding_inputs()
-        binding.clear_binding_outputs()
         metrics.increment("ort_runs")
-        del keep
         return outputs  # type: ignore[return-value]
 
 
-def _from_ortvalue(value: Any, dtype: torch.dtype | None) -> torch.Tensor:
+_PLACEHOLDERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _data_ptr(t: torch.Tensor) -> int:
+    """The tensor's data pointer; a valid dummy one for empty tensors (ORT rejects null)."""
+    if t.numel():
+        return t.data_ptr()
+    dummy = _PLACEHOLDERS.get(t.device)
+    if dummy is None:
+        dummy = _PLACEHOLDERS.setdefault(t.device, torch.empty(16, dtype=torch.uint8, device=t.device))
+    return dummy.data_ptr()
+
+
+def _from_ortvalue(value: Any, dtype: torch.dtype) -> torch.Tensor:
     """An ORT-allocated output as a torch tensor sharing its memory (DLPack)."""
-    if dtype is torch.bool:
-        # DLPack has no portable bool on every ORT build: view the bytes as uint8.
-        try:
-            return torch.from_dlpack(value.to_dlpack())
-        except Exception:
-            return torch.from_numpy(value.numpy())
-    if dtype is None or value.shape() == [] or 0 in value.shape():
-        # zero-size or 0-d: nothing to share; numpy keeps it cheap
-        array = value.numpy()
-        return torch.from_numpy(np.array(array)) if dtype is not torch.bfloat16 else torch.from_dlpack(value.to_dlpack())
-    return torch.from_dlpack(value.to_dlpack())
+    out = torch.from_dlpack(value.to_dlpack())
+    if out.dtype != dtype:  # defensive: never hand back a silently different dtype
+        raise OrtRunError(f"ORT returned {out.dtype}, the graph expects {dtype}")
+    return out

@@ -1,0 +1,213 @@
+"""The ORT floor: the exact ONNX graphs ort-lazy runs, executed directly by ORT with pre-bound I/O.
+
+:func:`capture_regions` compiles a model with ``torch.compile(backend="ort")`` while recording
+every ORT region ort-lazy creates (its ONNX model, the ORT session it built, and the inputs each
+region receives on a steady-state call). :class:`FloorRunner` then replays those regions on fresh
+ORT sessions with the same session options and providers, inputs and preallocated outputs bound
+once through IOBinding, so one call is nothing but ``run_with_iobinding`` per region: the time
+ORT itself needs for the graph, with no Python, PyTorch or binding work around it.
+
+When ort-lazy cannot compile the model, :func:`export_floor` builds the floor from
+``torch.onnx.export(..., dynamo=True)`` instead (reported as such).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["CapturedCall", "FloorRunner", "capture_regions", "export_floor", "recording"]
+
+_NUMPY_TYPES: dict[torch.dtype, Any] = {
+    torch.float32: np.float32,
+    torch.float64: np.float64,
+    torch.float16: np.float16,
+    torch.int64: np.int64,
+    torch.int32: np.int32,
+    torch.int16: np.int16,
+    torch.int8: np.int8,
+    torch.uint8: np.uint8,
+    torch.bool: np.bool_,
+}
+
+
+@dataclasses.dataclass
+class CapturedCall:
+    """One region call seen on a steady-state run of the ort-lazy compiled model."""
+
+    model_bytes: bytes
+    input_names: list[str]
+    output_names: list[str]
+    inputs: list[torch.Tensor]
+    outputs: list[torch.Tensor]
+    session: Any
+    name: str
+
+
+class _Recorder:
+    """Collects region calls while :func:`recording` is active."""
+
+    def __init__(self) -> None:
+        self.calls: list[CapturedCall] = []
+        self.active = False
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[_Recorder]:
+    """Record the ORT regions ort-lazy builds (and, once ``active``, the calls they get).
+
+    Only runners created inside the block record; the library is restored on exit.
+    """
+    from ort_lazy import partition
+    from ort_lazy.runtime.session import OrtRunner
+
+    recorder = _Recorder()
+
+    class RecordingRunner(OrtRunner):
+        def run(self, inputs: Sequence[Any]) -> list[torch.Tensor]:
+            outs = super().run(inputs)
+            if recorder.active:
+                recorder.calls.append(_snapshot(self, inputs, outs))
+            return outs
+
+    original = partition.OrtRunner
+    partition.OrtRunner = RecordingRunner  # type: ignore[misc]
+    try:
+        yield recorder
+    finally:
+        partition.OrtRunner = original  # type: ignore[misc]
+
+
+def _snapshot(runner: Any, inputs: Sequence[Any], outs: Sequence[torch.Tensor]) -> CapturedCall:
+    bound: list[torch.Tensor] = []
+    for value, spec in zip(inputs, runner.model.input_specs):
+        if isinstance(value, torch.Tensor):
+            bound.append(value.detach().contiguous().clone())
+        else:
+            bound.append(torch.tensor(value, dtype=spec.dtype))
+    return CapturedCall(
+        model_bytes=runner.model.model_bytes,
+        input_names=list(runner.model.input_names),
+        output_names=list(runner.model.output_names),
+        inputs=bound,
+        outputs=[torch.empty_like(o, memory_format=torch.contiguous_format) for o in outs],
+        session=runner.session,
+        name=runner.model.name,
+    )
+
+
+class FloorRunner:
+    """Replays captured region calls on ORT with inputs and outputs bound once.
+
+    Args:
+        calls: the region calls of one steady-state model call, in order.
+        fresh_sessions: build new sessions from each region's ONNX bytes with the options and
+            providers of the session ort-lazy created (``False`` reuses ort-lazy's sessions).
+    """
+
+    def __init__(self, calls: Sequence[CapturedCall], *, fresh_sessions: bool = True) -> None:
+        if not calls:
+            raise RuntimeError("no ORT region ran: nothing to build a floor from")
+        import onnxruntime as ort
+
+        self.calls = list(calls)
+        self.sessions: list[Any] = []
+        self.bindings: list[Any] = []
+        for call in self.calls:
+            sess = call.session
+            if fresh_sessions and sess is not None:
+                sess = ort.InferenceSession(
+                    _clamp_ir(call.model_bytes),
+                    sess_options=sess.get_session_options(),
+                    providers=sess.get_providers(),
+                    provider_options=[sess.get_provider_options().get(p, {}) for p in sess.get_providers()],
+                )
+            binding = sess.io_binding()
+            for name, tensor in zip(call.input_names, call.inputs):
+                binding.bind_input(name, "cpu", 0, _NUMPY_TYPES[tensor.dtype], list(tensor.shape), tensor.data_ptr())
+            for name, tensor in zip(call.output_names, call.outputs):
+                binding.bind_output(name, "cpu", 0, _NUMPY_TYPES[tensor.dtype], list(tensor.shape), tensor.data_ptr())
+            self.sessions.append(sess)
+            self.bindings.append(binding)
+        pairs = list(zip(self.sessions, self.bindings))
+        if len(pairs) == 1:
+            sess0, bind0 = pairs[0]
+            self._call: Callable[[], None] = lambda: sess0.run_with_iobinding(bind0)
+        else:
+
+            def call_all() -> None:
+                for sess, binding in pairs:
+                    sess.run_with_iobinding(binding)
+
+            self._call = call_all
+
+    @property
+    def regions(self) -> int:
+        """Number of ORT region calls in one model call."""
+        return len(self.calls)
+
+    def outputs(self) -> list[torch.Tensor]:
+        """The bound outputs of the last region (the model output when ORT runs the whole graph)."""
+        return self.calls[-1].outputs
+
+    def __call__(self) -> None:
+        self._call()
+
+
+def _clamp_ir(model_bytes: bytes) -> bytes:
+    try:
+        from ort_lazy.runtime.session import _clamp_ir_version
+    except ImportError:  # pragma: no cover - older layouts
+        return model_bytes
+    return _clamp_ir_version(model_bytes)
+
+
+def capture_regions(
+    model: torch.nn.Module, inputs: Sequence[torch.Tensor], options: dict[str, Any]
+) -> list[CapturedCall]:
+    """Compile ``model`` with the ort backend and record the region calls of its 2nd call.
+
+    The model is called under ``torch.no_grad()`` (inference); the first call compiles, the
+    second is the steady-state call that gets recorded.
+    """
+    with recording() as recorder:
+        compiled = torch.compile(model, backend="ort", options=dict(options))
+        with torch.no_grad():
+            compiled(*inputs)
+            recorder.active = True
+            compiled(*inputs)
+            recorder.active = False
+    return recorder.calls
+
+
+def export_floor(
+    model: torch.nn.Module, inputs: Sequence[torch.Tensor], threads: int
+) -> FloorRunner:
+    """A floor from ``torch.onnx.export(dynamo=True)`` of ``model`` (used when ort-lazy fails)."""
+    import onnxruntime as ort
+
+    with torch.no_grad():
+        program = torch.onnx.export(model, tuple(inputs), dynamo=True, verbose=False)
+        expected = model(*inputs)
+    model_bytes = program.model_proto.SerializeToString()
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.intra_op_num_threads = threads
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1")
+    sess = ort.InferenceSession(model_bytes, sess_options=so, providers=["CPUExecutionProvider"])
+    outs = expected if isinstance(expected, (tuple, list)) else [expected]
+    call = CapturedCall(
+        model_bytes=model_bytes,
+        input_names=[i.name for i in sess.get_inputs()],
+        output_names=[o.name for o in sess.get_outputs()],
+        inputs=[t.detach().contiguous().clone() for t in inputs],
+        outputs=[torch.empty_like(o) for o in outs],
+        session=sess,
+        name="torch.onnx.export",
+    )
+    return FloorRunner([call], fresh_sessions=False)

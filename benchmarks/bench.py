@@ -1,0 +1,849 @@
+"""ort-lazy benchmark suite: eager, Inductor, ``torch.compile(backend="ort")`` and the raw ORT floor.
+
+Every built-in model (:data:`ort_lazy.models.BUILTIN`) runs side by side in one process:
+
+* ``eager``: plain PyTorch;
+* ``inductor``: ``torch.compile(model)`` (Inductor, its caches off so the first call is cold);
+* ``ort``: ``torch.compile(model, backend="ort")``;
+* ``ort+freeze``: the same with ``freeze_weights=True`` (inference, with ``--freeze``);
+* ``floor``: the ONNX graphs ort-lazy runs, executed directly by ORT with inputs and outputs
+  bound once (IOBinding, ``run_with_iobinding``), same session options (inference only);
+* ``floor+freeze``: the floor of the frozen graphs (inference, with ``--freeze``).
+
+Modes: ``inference`` (eval, ``torch.no_grad``) and ``train`` (forward, ``backward``, SGD step).
+Timed calls of all rows of one model and mode are interleaved in rounds so drift in machine
+load hits every row alike. Per row: median and p90 per call, first call (compile) time, peak
+memory, and ratios against eager, the floor and Inductor.
+
+Peak memory is the peak resident set size (RSS, sampled every 0.2 ms from ``/proc/self/statm``)
+above the RSS just before a few steady-state calls, after freed heap memory was returned to the
+OS (``malloc_trim``): the working memory one call needs. ``retained`` is the RSS growth from just
+before the row was built to after its warm-up (what the compiled artifact keeps alive); it is
+noisy (allocator caches) and only indicative.
+
+Run ``python benchmarks/bench.py --help`` for the options; ``ort-lazy bench`` calls :func:`main`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import ctypes
+import dataclasses
+import datetime
+import gc
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import threading
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_HERE = Path(__file__).resolve().parent
+if str(_HERE) not in sys.path:
+    sys.path.insert(0, str(_HERE))
+
+from _floor import FloorRunner, capture_regions, export_floor  # noqa: E402
+
+__all__ = ["main", "run_suite", "BACKENDS", "TARGETS", "Row", "Case", "Prepared", "Backend"]
+
+MODES = ("inference", "train")
+DEFAULT_BACKENDS = ("eager", "inductor", "ort", "floor")
+
+
+# ----------------------------------------------------------------------------- data
+
+
+@dataclasses.dataclass
+class Case:
+    """One model in one mode, with everything a backend needs to build its row."""
+
+    model_name: str
+    mode: str
+    template: torch.nn.Module
+    inputs: tuple[torch.Tensor, ...]
+    threads: int
+    ort_options: dict[str, Any]
+
+    @property
+    def train(self) -> bool:
+        """Whether rows run a training step."""
+        return self.mode == "train"
+
+    def fresh_model(self) -> torch.nn.Module:
+        """A copy of the template (same weights) in the mode's train/eval state."""
+        model = copy.deepcopy(self.template)
+        return model.train() if self.train else model.eval()
+
+
+@dataclasses.dataclass
+class Prepared:
+    """A built row: one call (``step``), the first call's time and output, and notes."""
+
+    step: Callable[[], Any]
+    first_call_s: float
+    output: Any = None
+    note: str = ""
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class Backend:
+    """A way to run a :class:`Case`; ``build`` compiles it and makes the first call."""
+
+    name: str
+    modes: tuple[str, ...]
+    build: Callable[[Case], Prepared]
+    floor_of: str | None = None  # the floor row this backend's ``vs_floor`` uses
+
+
+@dataclasses.dataclass
+class Row:
+    """One line of the results table (times in milliseconds, memory in MiB)."""
+
+    model: str
+    mode: str
+    backend: str
+    status: str = "ok"
+    error: str | None = None
+    median_ms: float | None = None
+    p90_ms: float | None = None
+    mean_ms: float | None = None
+    min_ms: float | None = None
+    calls: int = 0
+    first_call_s: float | None = None
+    peak_mib: float | None = None
+    retained_mib: float | None = None
+    max_abs_diff: float | None = None
+    vs_eager: float | None = None
+    vs_floor: float | None = None
+    vs_inductor: float | None = None
+    first_vs_inductor: float | None = None
+    note: str = ""
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------- steps
+
+
+def _loss(out: Any) -> torch.Tensor:
+    if isinstance(out, (tuple, list)):
+        out = out[0]
+    return out.float().square().mean()
+
+
+def _train_step(fn: Callable[..., Any], model: torch.nn.Module, inputs: Sequence[torch.Tensor]) -> Callable[[], Any]:
+    """forward, loss, backward, SGD step (inputs need grad when the model has no parameters)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if params:
+        args = tuple(inputs)
+        opt: torch.optim.Optimizer | None = torch.optim.SGD(params, lr=1e-4)
+    else:
+        args = tuple(x.detach().clone().requires_grad_(x.is_floating_point()) for x in inputs)
+        opt = None
+    leaves = [a for a in args if a.requires_grad]
+
+    def step() -> torch.Tensor:
+        loss = _loss(fn(*args))
+        loss.backward()
+        if opt is not None:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        for leaf in leaves:
+            leaf.grad = None
+        return loss.detach()
+
+    return step
+
+
+def _make_step(case: Case, fn: Callable[..., Any], model: torch.nn.Module) -> Callable[[], Any]:
+    if case.train:
+        return _train_step(fn, model, case.inputs)
+    inputs = case.inputs
+    return lambda: fn(*inputs)
+
+
+def _first_call(case: Case, step: Callable[[], Any]) -> tuple[float, Any]:
+    with _grad_mode(case.train):
+        start = time.perf_counter()
+        out = step()
+        elapsed = time.perf_counter() - start
+    return elapsed, out
+
+
+def _grad_mode(train: bool) -> contextlib.AbstractContextManager[Any]:
+    return contextlib.nullcontext() if train else torch.no_grad()
+
+
+# ----------------------------------------------------------------------------- backends
+
+
+def _build_eager(case: Case) -> Prepared:
+    model = case.fresh_model()
+    step = _make_step(case, model, model)
+    first, out = _first_call(case, step)
+    return Prepared(step, first, out)
+
+
+def _build_inductor(case: Case) -> Prepared:
+    model = case.fresh_model()
+    compiled = torch.compile(model)
+    step = _make_step(case, compiled, model)
+    first, out = _first_call(case, step)
+    return Prepared(step, first, out)
+
+
+def _ort_counters() -> dict[str, int]:
+    from ort_lazy import metrics
+
+    return metrics.counters()
+
+
+def _build_ort(case: Case, freeze: bool = False) -> Prepared:
+    model = case.fresh_model()
+    options = dict(case.ort_options)
+    if freeze:
+        options["freeze_weights"] = True
+    compiled = torch.compile(model, backend="ort", options=options)
+    step = _make_step(case, compiled, model)
+    before = _ort_counters()
+    first, out = _first_call(case, step)
+    after = _ort_counters()
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    keep = ("regions_on_ort", "fallback_regions", "fallback_ops", "export_failures", "ort_failures")
+    extra = {k: delta.get(k, 0) for k in keep}
+    note = f"regions={extra['regions_on_ort']}"
+    if extra["fallback_ops"]:
+        note += f" fallback_ops={extra['fallback_ops']}"
+    if extra["ort_failures"] or extra["export_failures"]:
+        note += f" failures={extra['ort_failures'] + extra['export_failures']}"
+    return Prepared(step, first, out, note=note, extra=extra)
+
+
+def _build_floor(case: Case, freeze: bool = False) -> Prepared:
+    if case.train:
+        raise ValueError("the floor is measured for inference only")
+    options = dict(case.ort_options)
+    if freeze:
+        options["freeze_weights"] = True
+    source = "ort-lazy graph"
+    error = None
+    try:
+        calls = capture_regions(case.fresh_model(), case.inputs, options)
+        if not calls:
+            raise RuntimeError("ort-lazy ran no ORT region")
+    except Exception as e:  # the floor still exists when ort-lazy fails: export it directly
+        error = f"{type(e).__name__}: {e}"
+        calls = []
+    start = time.perf_counter()
+    if calls:
+        runner = FloorRunner(calls)
+    else:
+        source = "torch.onnx.export"
+        runner = export_floor(case.fresh_model(), case.inputs, case.threads)
+    runner()
+    first = time.perf_counter() - start
+    out = runner.outputs()[0] if runner.regions == 1 and len(runner.outputs()) == 1 else None
+    note = f"{source}, regions={runner.regions}"
+    if error:
+        note += f" (capture failed: {error[:120]})"
+    return Prepared(runner, first, out, note=note, extra={"floor_source": source, "regions": runner.regions})
+
+
+#: Every backend the suite knows; tests may add their own.
+BACKENDS: dict[str, Backend] = {
+    "eager": Backend("eager", MODES, _build_eager),
+    "inductor": Backend("inductor", MODES, _build_inductor),
+    "ort": Backend("ort", MODES, _build_ort, floor_of="floor"),
+    "ort+freeze": Backend("ort+freeze", ("inference",), lambda c: _build_ort(c, freeze=True), floor_of="floor+freeze"),
+    "floor": Backend("floor", ("inference",), _build_floor),
+    "floor+freeze": Backend("floor+freeze", ("inference",), lambda c: _build_floor(c, freeze=True)),
+}
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+def _page_size() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):  # pragma: no cover - non-POSIX
+        return 4096
+
+
+class _Rss:
+    """Reads this process's resident set size (Linux ``/proc/self/statm``; else unavailable)."""
+
+    def __init__(self) -> None:
+        self._page = _page_size()
+        try:
+            self._fd: int | None = os.open("/proc/self/statm", os.O_RDONLY)
+        except OSError:
+            self._fd = None
+        try:
+            self._trim: Any = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            self._trim = None
+
+    @property
+    def available(self) -> bool:
+        """Whether RSS can be read here."""
+        return self._fd is not None
+
+    def read(self) -> int:
+        """Resident bytes now."""
+        assert self._fd is not None
+        fields = os.pread(self._fd, 128, 0).split()
+        return int(fields[1]) * self._page
+
+    def settle(self) -> int:
+        """Collect garbage, give freed heap back to the OS, and return the RSS after that."""
+        gc.collect()
+        if self._trim is not None:
+            self._trim(0)
+        return self.read()
+
+    @contextlib.contextmanager
+    def peak(self, interval_s: float = 0.0002) -> Iterator[list[int]]:
+        """Sample RSS in a thread while the body runs; yields a list that gets ``[peak]``."""
+        result: list[int] = []
+        stop = threading.Event()
+        samples = [self.read()]
+
+        def sample() -> None:
+            best = samples[0]
+            while not stop.is_set():
+                best = max(best, self.read())
+                time.sleep(interval_s)
+            samples.append(best)
+
+        thread = threading.Thread(target=sample, daemon=True)
+        thread.start()
+        try:
+            yield result
+        finally:
+            stop.set()
+            thread.join()
+            result.append(max(max(samples), self.read()))
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def _error_text(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}".strip()
+
+
+def _configure_torch(inductor_cache: bool) -> None:
+    import torch._dynamo
+
+    for name in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit", "accumulated_recompile_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 256))
+    if not inductor_cache:
+        with contextlib.suppress(Exception):
+            import torch._inductor.config as inductor_config
+
+            inductor_config.fx_graph_cache = False
+        with contextlib.suppress(Exception):
+            import torch._functorch.config as functorch_config
+
+            functorch_config.enable_autograd_cache = False
+
+
+def _prime(backends: Sequence[str], ort_options: dict[str, Any], log: Callable[[str], None]) -> dict[str, float]:
+    """Compile a tiny model once per compiling backend so one-time imports are not billed to
+    the first real model's first call."""
+    times: dict[str, float] = {}
+    tiny = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+    x = torch.randn(4, 8)
+    makers: dict[str, Callable[[torch.nn.Module], Any]] = {
+        "inductor": lambda m: torch.compile(m),
+        "ort": lambda m: torch.compile(m, backend="ort", options=dict(ort_options)),
+    }
+    for name, make in makers.items():
+        needed = any(b.startswith("ort") or b.startswith("floor") for b in backends) if name == "ort" else name in backends
+        if not needed:
+            continue
+        start = time.perf_counter()
+        try:
+            model = copy.deepcopy(tiny)
+            compiled = make(model)
+            with torch.no_grad():
+                compiled(x)
+            compiled(x).sum().backward()
+        except Exception as e:
+            log(f"  priming {name} failed: {_error_text(e)}")
+        times[name] = time.perf_counter() - start
+        torch._dynamo.reset()
+    return times
+
+
+def _time_calls(step: Callable[[], Any], n: int, train: bool, out: list[float]) -> None:
+    clock = time.perf_counter
+    with _grad_mode(train):
+        for _ in range(n):
+            start = clock()
+            step()
+            out.append(clock() - start)
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        return ordered[0]
+    pos = q * (len(ordered) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def _max_abs_diff(a: Any, b: Any) -> float | None:
+    if isinstance(a, (tuple, list)):
+        a = a[0]
+    if isinstance(b, (tuple, list)):
+        b = b[0]
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.shape != b.shape:
+        return None
+    diff = (a.detach().double() - b.detach().double()).abs()
+    return float(diff.max()) if diff.numel() else 0.0
+
+
+def run_case(
+    case: Case,
+    backends: Sequence[str],
+    *,
+    reps: int,
+    warmup: int,
+    rounds: int,
+    max_time_s: float,
+    memory: bool,
+    rss: _Rss,
+    log: Callable[[str], None],
+) -> list[Row]:
+    """Build, warm up and time every backend on one model in one mode; one :class:`Row` each."""
+    rows: list[Row] = []
+    prepared: dict[str, Prepared] = {}
+    retained_base: dict[str, int] = {}
+    for name in backends:
+        backend = BACKENDS[name]
+        if case.mode not in backend.modes:
+            continue
+        row = Row(case.model_name, case.mode, name)
+        rows.append(row)
+        base = rss.settle() if rss.available else 0
+        try:
+            p = backend.build(case)
+        except Exception as e:
+            row.status = "error"
+            row.error = _error_text(e)
+            row.extra["traceback"] = traceback.format_exc(limit=8)
+            log(f"  {case.model_name}/{case.mode}/{name}: ERROR {row.error[:200]}")
+            continue
+        prepared[name] = p
+        retained_base[name] = base
+        row.first_call_s = p.first_call_s
+        row.note = p.note
+        row.extra.update(p.extra)
+        log(f"  {case.model_name}/{case.mode}/{name}: first call {p.first_call_s:.3f} s {p.note}")
+
+    by_name = {r.backend: r for r in rows}
+    eager = prepared.get("eager")
+    for name, p in prepared.items():
+        if eager is not None and name != "eager":
+            by_name[name].max_abs_diff = _max_abs_diff(p.output, eager.output)
+
+    # Warm up, estimate the cost of a call, size the timed runs to the time budget.
+    per_call: dict[str, float] = {}
+    for name, p in list(prepared.items()):
+        row = by_name[name]
+        samples: list[float] = []
+        try:
+            _time_calls(p.step, max(1, warmup), case.train, samples)
+        except Exception as e:
+            row.status, row.error = "error", _error_text(e)
+            row.extra["traceback"] = traceback.format_exc(limit=8)
+            log(f"  {case.model_name}/{case.mode}/{name}: ERROR during warm-up {row.error[:200]}")
+            del prepared[name]
+            continue
+        per_call[name] = statistics.median(samples[-max(1, warmup // 2):])
+        if rss.available:
+            row.retained_mib = (rss.settle() - retained_base[name]) / 2**20
+    if not prepared:
+        return rows
+    total_est = sum(per_call.values())
+    n = max(min(reps, 5), min(reps, int(max_time_s * len(per_call) / max(total_est, 1e-9))))
+    rounds = max(1, min(rounds, n))
+    chunk = max(1, math.ceil(n / rounds))
+    times: dict[str, list[float]] = {name: [] for name in prepared}
+    for _ in range(rounds):
+        for name, p in list(prepared.items()):
+            try:
+                _time_calls(p.step, chunk, case.train, times[name])
+            except Exception as e:
+                row = by_name[name]
+                row.status, row.error = "error", _error_text(e)
+                row.extra["traceback"] = traceback.format_exc(limit=8)
+                del prepared[name]
+    for name, samples in times.items():
+        row = by_name[name]
+        if row.status != "ok" or not samples:
+            continue
+        row.calls = len(samples)
+        row.median_ms = statistics.median(samples) * 1e3
+        row.p90_ms = _percentile(samples, 0.9) * 1e3
+        row.mean_ms = statistics.fmean(samples) * 1e3
+        row.min_ms = min(samples) * 1e3
+
+    if memory and rss.available:
+        for name, p in prepared.items():
+            row = by_name[name]
+            try:
+                base = rss.settle()
+                with _grad_mode(case.train), rss.peak() as peak:
+                    for _ in range(3):
+                        p.step()
+                row.peak_mib = max(0, peak[0] - base) / 2**20
+            except Exception as e:  # memory is a figure, not a reason to lose the row
+                row.extra["memory_error"] = _error_text(e)
+    prepared.clear()
+    gc.collect()
+    return rows
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b <= 0:
+        return None
+    return a / b
+
+
+def add_ratios(rows: Sequence[Row]) -> None:
+    """Fill ``vs_eager``, ``vs_floor``, ``vs_inductor`` and ``first_vs_inductor`` in place."""
+    groups: dict[tuple[str, str], dict[str, Row]] = {}
+    for r in rows:
+        groups.setdefault((r.model, r.mode), {})[r.backend] = r
+    for group in groups.values():
+        eager, inductor = group.get("eager"), group.get("inductor")
+        for r in group.values():
+            if r.status != "ok":
+                continue
+            if eager is not None and r is not eager:
+                r.vs_eager = _ratio(r.median_ms, eager.median_ms)
+            if inductor is not None and r is not inductor:
+                r.vs_inductor = _ratio(r.median_ms, inductor.median_ms)
+                r.first_vs_inductor = _ratio(r.first_call_s, inductor.first_call_s)
+            backend = BACKENDS.get(r.backend)
+            floor_name = backend.floor_of if backend is not None else None
+            floor = group.get(floor_name) if floor_name else None
+            if floor is not None and floor.status == "ok":
+                r.vs_floor = _ratio(r.median_ms, floor.median_ms)
+
+
+# ----------------------------------------------------------------------------- targets
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """A goal for one ratio of one row: ``row.<field> <= limit``."""
+
+    label: str
+    model: str
+    mode: str
+    backend: str
+    field: str
+    limit: float
+
+
+#: The project's targets (2-core CPU, fp32), checked and reported; never asserted in tests.
+TARGETS: tuple[Target, ...] = (
+    Target("TransformerEncoderLayer inference vs eager", "transformer", "inference", "ort", "vs_eager", 0.60),
+    Target("TransformerEncoderLayer inference vs raw ORT floor", "transformer", "inference", "ort", "vs_floor", 1.02),
+    Target("MLP inference vs eager", "mlp", "inference", "ort", "vs_eager", 0.60),
+    Target("MLP inference vs raw ORT floor", "mlp", "inference", "ort", "vs_floor", 1.30),
+    Target("Training step (TransformerEncoderLayer) vs eager", "transformer", "train", "ort", "vs_eager", 0.90),
+    Target("Training step (MLP) vs eager", "mlp", "train", "ort", "vs_eager", 1.00),
+    Target("First call vs Inductor's first call (transformer inference)", "transformer", "inference", "ort", "first_vs_inductor", 0.05),
+    Target("First call vs Inductor's first call (mlp inference)", "mlp", "inference", "ort", "first_vs_inductor", 0.05),
+    Target("First call vs Inductor's first call (transformer train)", "transformer", "train", "ort", "first_vs_inductor", 0.05),
+    Target("First call vs Inductor's first call (mlp train)", "mlp", "train", "ort", "first_vs_inductor", 0.05),
+    Target("Peak memory, TransformerEncoderLayer inference vs eager", "transformer", "inference", "ort", "peak_vs_eager", 1.20),
+)
+
+
+def check_targets(rows: Sequence[Row]) -> list[dict[str, Any]]:
+    """Each target whose row was measured, with its value and whether it is met."""
+    index = {(r.model, r.mode, r.backend): r for r in rows}
+    out = []
+    for t in TARGETS:
+        row = index.get((t.model, t.mode, t.backend))
+        if row is None or row.status != "ok":
+            continue
+        if t.field == "peak_vs_eager":
+            eager = index.get((t.model, t.mode, "eager"))
+            value = _ratio(row.peak_mib, eager.peak_mib if eager else None)
+        else:
+            value = getattr(row, t.field)
+        if value is None:
+            continue
+        out.append({"target": t.label, "value": value, "limit": t.limit, "met": value <= t.limit})
+    return out
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return format(value, spec) + suffix
+
+
+def format_table(rows: Sequence[Row]) -> str:
+    """The results as a fixed-width text table."""
+    header = ("model", "mode", "backend", "median ms", "p90 ms", "first s", "peak MiB",
+              "x eager", "x floor", "x induct", "1st/ind", "max|diff|", "notes")
+    lines = []
+    for r in rows:
+        if r.status != "ok":
+            lines.append((r.model, r.mode, r.backend, "-", "-", _fmt(r.first_call_s, ".3f"), "-", "-", "-", "-", "-", "-",
+                          f"ERROR {(r.error or '')[:90]}"))
+            continue
+        lines.append((
+            r.model, r.mode, r.backend,
+            _fmt(r.median_ms, ".3f"), _fmt(r.p90_ms, ".3f"), _fmt(r.first_call_s, ".3f"), _fmt(r.peak_mib, ".1f"),
+            _fmt(r.vs_eager, ".2f", "x"), _fmt(r.vs_floor, ".2f", "x"), _fmt(r.vs_inductor, ".2f", "x"),
+            _fmt(r.first_vs_inductor, ".3f", "x"), _fmt(r.max_abs_diff, ".1e"), r.note,
+        ))
+    widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h) for i, h in enumerate(header)]
+    right = set(range(3, 12))
+
+    def render(cells: Sequence[str]) -> str:
+        parts = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))]
+        return "  ".join(parts).rstrip()
+
+    out = [render(header), render(["-" * w for w in widths])]
+    out += [render(line) for line in lines]
+    return "\n".join(out)
+
+
+def format_targets(results: Sequence[dict[str, Any]]) -> str:
+    """The target check as text lines."""
+    if not results:
+        return "targets: none measured (needs the mlp/transformer rows with eager, ort, floor, inductor)"
+    lines = ["targets:"]
+    for t in results:
+        mark = "met " if t["met"] else "MISS"
+        lines.append(f"  [{mark}] {t['target']}: {t['value']:.3f} (target <= {t['limit']:.2f})")
+    return "\n".join(lines)
+
+
+def write_png(rows: Sequence[Row], path: Path) -> bool:
+    """A bar chart of each row's time ratios (vs eager, and vs the floor); False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    groups: list[tuple[str, str]] = []
+    for r in rows:
+        if (r.model, r.mode) not in groups:
+            groups.append((r.model, r.mode))
+    backends = [b for b in dict.fromkeys(r.backend for r in rows) if b != "eager"]
+    index = {(r.model, r.mode, r.backend): r for r in rows}
+    fig, axes = plt.subplots(2, 1, figsize=(max(8.0, 1.1 * len(groups) + 3), 8), constrained_layout=True)
+    panels = (("vs_eager", "time / eager (lower is faster)"), ("vs_floor", "time / raw ORT floor"))
+    width = 0.8 / max(1, len(backends))
+    labels = [f"{m}\n{mode}" for m, mode in groups]
+    for ax, (field, title) in zip(axes, panels):
+        for j, backend in enumerate(backends):
+            values = []
+            for model, mode in groups:
+                row = index.get((model, mode, backend))
+                value = getattr(row, field) if row is not None and row.status == "ok" else None
+                values.append(value if value is not None else float("nan"))
+            if all(math.isnan(v) for v in values):
+                continue
+            xs = [i + (j - (len(backends) - 1) / 2) * width for i in range(len(groups))]
+            bars = ax.bar(xs, values, width, label=backend)
+            for bar, v in zip(bars, values):
+                if not math.isnan(v):
+                    ax.annotate(f"{v:.2f}", (bar.get_x() + bar.get_width() / 2, v), ha="center", va="bottom", fontsize=7)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks(range(len(groups)))
+        ax.set_xticklabels(labels)
+        ax.set_title(title)
+        ax.set_yscale("log")
+        handles, _ = ax.get_legend_handles_labels()
+        if handles:
+            ax.legend(fontsize=8)
+    fig.suptitle("ort-lazy benchmark: median time per call as a ratio")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": platform.python_version(), "torch": torch.__version__}
+    with contextlib.suppress(Exception):
+        import onnxruntime
+
+        out["onnxruntime"] = onnxruntime.__version__
+    with contextlib.suppress(Exception):
+        import ort_lazy
+
+        out["ort_lazy"] = ort_lazy.__version__
+    return out
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def _csv(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line options of the suite."""
+    from ort_lazy.models import BUILTIN
+
+    p = argparse.ArgumentParser(
+        prog="ort-lazy bench",
+        description="Eager PyTorch vs Inductor vs torch.compile(backend='ort') vs the raw ORT floor, side by side.",
+    )
+    p.add_argument("--models", default=",".join(BUILTIN), help=f"comma-separated, from: {', '.join(BUILTIN)}")
+    p.add_argument("--modes", default=",".join(MODES), help="inference, train or both (comma-separated)")
+    p.add_argument("--backends", default=",".join(DEFAULT_BACKENDS),
+                   help=f"comma-separated, from: {', '.join(BACKENDS)} (--freeze adds the +freeze rows)")
+    p.add_argument("--reps", type=int, default=200, help="timed calls per row (fewer if --max-time runs out)")
+    p.add_argument("--warmup", type=int, default=20, help="untimed calls per row after the first call")
+    p.add_argument("--rounds", type=int, default=5, help="timed calls are interleaved across rows in this many rounds")
+    p.add_argument("--max-time", type=float, default=5.0, help="seconds of timed calls per row, about (at least 5 calls)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch.set_num_threads and ORT intra-op threads (default: torch's current count)")
+    p.add_argument("--freeze", action="store_true", help="add ort+freeze (freeze_weights=True) and floor+freeze rows for inference")
+    p.add_argument("--quick", action="store_true", help="few calls, for smoke tests (reps 20, warm-up 3, 2 rounds, 1 s)")
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory pass")
+    p.add_argument("--inductor-cache", action="store_true", help="leave Inductor's on-disk caches on (first call no longer cold)")
+    p.add_argument("--seed", type=int, default=0, help="torch.manual_seed for weights and inputs")
+    p.add_argument("--json", dest="json_path", default="bench-results.json", help="JSON output path ('' to skip)")
+    p.add_argument("--png", dest="png_path", default="bench-results.png", help="PNG chart path ('' to skip)")
+    p.add_argument("-q", "--quiet", action="store_true", help="print only the table and targets")
+    return p
+
+
+def run_suite(args: argparse.Namespace, log: Callable[[str], None]) -> tuple[list[Row], dict[str, Any]]:
+    """Run every selected model, mode and backend; the rows (ratios filled) and run metadata."""
+    from ort_lazy.models import BUILTIN
+
+    models = _csv(args.models)
+    modes = _csv(args.modes)
+    backends = _csv(args.backends)
+    if args.freeze:
+        backends += [b for b in ("ort+freeze", "floor+freeze") if b not in backends]
+    for kind, chosen, known in (("model", models, BUILTIN), ("mode", modes, MODES), ("backend", backends, BACKENDS)):
+        unknown = [c for c in chosen if c not in known]
+        if unknown:
+            raise SystemExit(f"unknown {kind}(s) {unknown}; choose from {', '.join(known)}")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise SystemExit("--threads must be >= 1")
+        torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()
+    ort_options: dict[str, Any] = {"session_options": {"intra_op_num_threads": threads}}
+    _configure_torch(args.inductor_cache)
+    rss = _Rss()
+    started = time.perf_counter()
+    prime = _prime(backends, ort_options, log)
+    rows: list[Row] = []
+    for model_name in models:
+        spec = BUILTIN[model_name]
+        torch.manual_seed(args.seed)
+        template = spec.make()
+        inputs = tuple(spec.inputs())
+        for mode in modes:
+            log(f"{model_name} / {mode}")
+            torch._dynamo.reset()
+            case = Case(model_name, mode, template, inputs, threads, ort_options)
+            rows += run_case(
+                case, backends, reps=args.reps, warmup=args.warmup, rounds=args.rounds,
+                max_time_s=args.max_time, memory=not args.no_memory, rss=rss, log=log,
+            )
+            torch._dynamo.reset()
+    add_ratios(rows)
+    meta = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "versions": _versions(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "threads": threads,
+        "ort_options": ort_options,
+        "reps": args.reps,
+        "warmup": args.warmup,
+        "rounds": args.rounds,
+        "max_time_s": args.max_time,
+        "models": models,
+        "modes": modes,
+        "backends": backends,
+        "inductor_cache": bool(args.inductor_cache),
+        "prime_s": prime,
+        "wall_s": time.perf_counter() - started,
+        "memory_method": "peak RSS above the pre-call RSS over 3 steady-state calls, sampled every 0.2 ms "
+        "from /proc/self/statm after malloc_trim(0); retained = RSS growth from before the row was built "
+        "to after its warm-up" if rss.available else "unavailable on this platform",
+        "time_unit": "ms per call (median and p90 over the timed calls, after warm-up)",
+    }
+    return rows, meta
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the suite; print the table, write JSON and PNG.
+
+    Returns 0 when every row ran, 1 when some row failed (its error is in the table and JSON).
+    """
+    args = build_parser().parse_args(argv)
+    if args.quick:
+        args.reps, args.warmup, args.rounds, args.max_time = min(args.reps, 20), min(args.warmup, 3), 2, 1.0
+
+    def log(message: str) -> None:
+        if not args.quiet:
+            print(message, file=sys.stderr, flush=True)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rows, meta = run_suite(args, log)
+    targets = check_targets(rows)
+    print(format_table(rows))
+    print()
+    print(format_targets(targets))
+    print(f"threads={meta['threads']}  torch {meta['versions'].get('torch')}  onnxruntime "
+          f"{meta['versions'].get('onnxruntime')}  wall {meta['wall_s']:.0f} s")
+    if args.json_path:
+        path = Path(args.json_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        payload = {"meta": meta, "rows": [dataclasses.asdict(r) for r in rows], "targets": targets}
+        path.write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
+        print(f"JSON: {path}")
+    if args.png_path:
+        path = Path(args.png_path)
+        if write_png(rows, path):
+            print(f"chart: {path}")
+        else:
+            print("chart: skipped (matplotlib is not installed: pip install matplotlib)")
+    return 0 if all(r.status == "ok" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

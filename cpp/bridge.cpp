@@ -1,0 +1,294 @@
+// ort_lazy._bridge: runs the ORT-supported regions of TorchScript graphs on ONNX Runtime.
+//
+// Two pieces, both registered when the module is imported:
+//  * a TorchScript post pass that fuses consecutive supported nodes into one
+//    `ort::CompilationGroup` node (CustomFuseGraph + a support predicate answered by
+//    Python: ort_lazy.support.op_reason, the table the Dynamo path uses as well);
+//  * an operator for that symbol which hands the group's input tensors to a Python
+//    runner (export + ORT session + IOBinding live in Python) and pushes its outputs.
+//
+// The LazyTensor TorchScript backend executes every lowered graph with an ordinary
+// GraphExecutor, so the same pass and operator serve both `device="lazy"` and
+// torch.jit.script / torch.jit.trace.
+
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/ir/ir.h>
+#include <torch/csrc/jit/passes/dead_code_elimination.h>
+#include <torch/csrc/jit/passes/graph_fuser.h>
+#include <torch/csrc/jit/passes/pass_manager.h>
+#include <torch/csrc/jit/passes/tensorexpr_fuser.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/jit/runtime/custom_operator.h>
+#include <torch/csrc/jit/runtime/interpreter.h>
+#include <torch/csrc/lazy/core/config.h>
+#include <torch/extension.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+// The build passes torch.__version__ unquoted (quotes do not survive ninja); stringize it.
+#define ORT_LAZY_STR_(x) #x
+#define ORT_LAZY_STR(x) ORT_LAZY_STR_(x)
+
+namespace py = pybind11;
+using torch::jit::Graph;
+using torch::jit::Node;
+using torch::jit::Stack;
+using torch::jit::Value;
+
+namespace {
+
+const c10::Symbol kGroup = c10::Symbol::fromQualString("ort::CompilationGroup");
+
+// Python callables installed by ort_lazy.frontends.jit.  They are leaked on purpose:
+// destroying py::objects after the interpreter shut down would crash at exit.
+struct Callbacks {
+  py::object* support = nullptr;  // support(key, op, overload, inputs) -> bool
+  py::object* factory = nullptr;  // factory(graph, name) -> object with run(list) -> list | None
+  py::object* on_torch_run = nullptr;  // on_torch_run(reason) -> None
+};
+Callbacks g_cb;
+std::atomic<bool> g_enabled{false};
+std::atomic<int64_t> g_group_counter{0};
+// Set while ort_lazy exports a group (it may execute the subgraph once): no fusion then.
+thread_local int tl_pass_disabled = 0;
+
+bool is_tensor(const Value* v) {
+  return v->type()->cast<c10::TensorType>() != nullptr;
+}
+
+// Describes a node input for the support callback: a tensor as (dtype, sizes|None,
+// device|None), a constant as its Python value.  Also appends to the cache key.
+py::object describe_input(const Value* v, std::ostringstream& key) {
+  if (auto tt = v->type()->cast<c10::TensorType>()) {
+    auto st = tt->scalarType();
+    auto dim = tt->dim();
+    if (!st || !dim) {
+      return py::none();  // unknown dtype/rank: cannot be judged, stays in TorchScript
+    }
+    key << "|T" << static_cast<int>(*st) << ":";
+    py::object sizes = py::none();
+    if (auto concrete = tt->sizes().concrete_sizes()) {
+      sizes = py::cast(*concrete);
+      for (auto s : *concrete) key << s << ",";
+    } else {
+      key << "r" << *dim;
+      sizes = py::cast(static_cast<int64_t>(*dim));  // rank only
+    }
+    auto dtype = py::reinterpret_borrow<py::object>(
+        reinterpret_cast<PyObject*>(torch::getTHPDtype(*st)));
+    return py::make_tuple(py::str("tensor"), dtype, sizes);
+  }
+  auto iv = torch::jit::toIValue(v);
+  auto value = torch::jit::toPyObject(*iv);
+  key << "|C" << py::repr(value).cast<std::string>();
+  return py::make_tuple(py::str("const"), value);
+}
+
+// The fusion predicate.  Only aten nodes with tensor outputs whose non-tensor inputs are
+// constants qualify (LTC's aten::ScalarImplicit alpha would otherwise become a Scalar
+// group input the fuser cannot handle), then Python decides from the shared table.
+bool is_supported(Node* node) {
+  if (!node->kind().is_aten() || node->outputs().empty()) {
+    return false;
+  }
+  const c10::FunctionSchema* schema = node->maybeSchema();
+  if (schema == nullptr || schema->is_mutable()) {
+    return false;
+  }
+  for (const Value* out : node->outputs()) {
+    if (!is_tensor(out)) return false;
+  }
+  for (const Value* in : node->inputs()) {
+    if (!is_tensor(in) && in->node()->kind() != c10::prim::Constant) return false;
+  }
+  py::gil_scoped_acquire gil;
+  std::ostringstream key;
+  key << schema->name() << "." << schema->overload_name();
+  py::list inputs;
+  for (const Value* in : node->inputs()) {
+    py::object d = describe_input(in, key);
+    if (d.is_none()) return false;
+    inputs.append(d);
+  }
+  try {
+    return (*g_cb.support)(key.str(), schema->name(), schema->overload_name(), inputs)
+        .cast<bool>();
+  } catch (py::error_already_set& e) {
+    e.discard_as_unraisable(__func__);
+    return false;
+  }
+}
+
+void fuse_pass(std::shared_ptr<Graph>& graph) {
+  if (!g_enabled.load() || tl_pass_disabled > 0 || g_cb.support == nullptr) {
+    return;
+  }
+  // The profiling executor leaves prim::profile nodes in front of every use; they
+  // carry the observed types.  Fold them into the values so the predicate sees dtypes.
+  torch::jit::RemoveProfileNodesAndSpecializeTypes(graph);
+  torch::jit::EliminateDeadCode(graph);
+  torch::jit::CustomFuseGraph(graph, is_supported, kGroup);
+}
+
+// A copy of the group's subgraph the exporter accepts: no LTC `source` attributes and a
+// single (tuple) output when there are several.
+std::shared_ptr<Graph> export_graph(const std::shared_ptr<Graph>& subgraph) {
+  auto g = subgraph->copy();
+  static const c10::Symbol kSource = c10::Symbol::attr("source");
+  for (Node* n : g->nodes()) {
+    if (n->hasAttribute(kSource)) n->removeAttribute(kSource);
+  }
+  if (g->outputs().size() > 1) {
+    std::vector<Value*> outs(g->outputs().begin(), g->outputs().end());
+    Node* tuple = g->insertNode(g->createTuple(outs));
+    while (!g->outputs().empty()) g->eraseOutput(0);
+    g->registerOutput(tuple->output());
+  }
+  return g;
+}
+
+// State of one ort::CompilationGroup node, shared by every execution of it.
+class GroupOp {
+ public:
+  explicit GroupOp(const Node* node)
+      : subgraph_(node->g(torch::jit::attr::Subgraph)),
+        n_inputs_(node->inputs().size()),
+        n_outputs_(node->outputs().size()),
+        name_("ort_group_" + std::to_string(g_group_counter++)) {}
+
+  ~GroupOp() {
+    // Leaked if Python is gone (see Callbacks).
+    if (runner_ != nullptr && Py_IsInitialized()) {
+      py::gil_scoped_acquire gil;
+      delete runner_;
+    }
+  }
+
+  void run(Stack& stack) {
+    if (g_enabled.load()) {
+      const char* why = needs_grad(stack);
+      if (why == nullptr && run_on_ort(stack)) return;
+      note_torch_run(why != nullptr ? why : "fallback");
+    }
+    run_in_torchscript(stack);
+  }
+
+ private:
+  // A no-grad plan of the profiling executor is reused without a guard when inputs
+  // later require grad.  ORT results carry no autograd history, so such calls run in
+  // TorchScript, which records it.  (With grad profiled, the executor builds a
+  // DifferentiableGraph and this pass fuses its forward and backward no-grad graphs.)
+  const char* needs_grad(const Stack& stack) const {
+    if (!at::GradMode::is_enabled()) return nullptr;
+    for (size_t i = stack.size() - n_inputs_; i < stack.size(); ++i) {
+      const auto& iv = stack[i];
+      if (iv.isTensor() && iv.toTensor().requires_grad()) return "inputs require grad";
+    }
+    return nullptr;
+  }
+
+  bool run_on_ort(Stack& stack) {
+    py::gil_scoped_acquire gil;
+    try {
+      if (runner_ == nullptr) {
+        py::object r = (*g_cb.factory)(export_graph(subgraph_), name_);
+        runner_ = new py::object(r.attr("run"));
+      }
+      py::list args(n_inputs_);
+      const size_t base = stack.size() - n_inputs_;
+      for (size_t i = 0; i < n_inputs_; ++i) {
+        args[i] = torch::jit::toPyObject(stack[base + i]);
+      }
+      py::object result = (*runner_)(args);
+      if (result.is_none()) return false;
+      auto outs = result.cast<py::list>();
+      TORCH_CHECK(outs.size() == n_outputs_, name_, ": runner returned ", outs.size(),
+                  " outputs, expected ", n_outputs_);
+      torch::jit::drop(stack, n_inputs_);
+      for (auto o : outs) {
+        stack.emplace_back(THPVariable_Unpack(o.ptr()));
+      }
+      return true;
+    } catch (py::error_already_set& e) {
+      // The runner handles its own failures; anything else is reported and falls back.
+      e.discard_as_unraisable(name_.c_str());
+      return false;
+    }
+  }
+
+  void note_torch_run(const char* reason) {
+    if (g_cb.on_torch_run == nullptr) return;
+    py::gil_scoped_acquire gil;
+    try {
+      (*g_cb.on_torch_run)(name_, reason);
+    } catch (py::error_already_set& e) {
+      e.discard_as_unraisable(name_.c_str());
+    }
+  }
+
+  void run_in_torchscript(Stack& stack) {
+    std::call_once(code_once_, [this] {
+      code_ = std::make_unique<torch::jit::Code>(subgraph_, name_);
+    });
+    torch::jit::InterpreterState(*code_).run(stack);
+  }
+
+  std::shared_ptr<Graph> subgraph_;
+  size_t n_inputs_;
+  size_t n_outputs_;
+  std::string name_;
+  py::object* runner_ = nullptr;  // guarded by the GIL
+  std::once_flag code_once_;
+  std::unique_ptr<torch::jit::Code> code_;
+};
+
+torch::jit::Operation make_group_op(const Node* node) {
+  auto op = std::make_shared<GroupOp>(node);
+  return [op](Stack& stack) { op->run(stack); };
+}
+
+// Registered once per process, when the module is first imported.
+torch::jit::RegisterPass g_pass(fuse_pass);
+torch::jit::RegisterOperators g_ops({torch::jit::Operator(
+    kGroup, make_group_op, c10::AliasAnalysisKind::PURE_FUNCTION)});
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "TorchScript fusion pass and ort::CompilationGroup operator for ort-lazy";
+  m.def(
+      "install",
+      [](py::object support, py::object factory, py::object on_torch_run) {
+        // Replaced callables are leaked: a graph being optimized may still hold them.
+        g_cb.support = new py::object(std::move(support));
+        g_cb.factory = new py::object(std::move(factory));
+        g_cb.on_torch_run = new py::object(std::move(on_torch_run));
+      },
+      "Install the support predicate, the group runner factory and the fallback hook.");
+  m.def("set_enabled", [](bool on) { g_enabled.store(on); },
+        "Turn the fusion pass and ORT execution of groups on or off (process-wide).");
+  m.def("is_enabled", [] { return g_enabled.load(); });
+  m.def("push_pass_disabled", [] { ++tl_pass_disabled; },
+        "Suspend the fusion pass on this thread (while exporting a group).");
+  m.def("pop_pass_disabled", [] { --tl_pass_disabled; });
+  m.def(
+      "set_handle_special_scalars",
+      [](bool on) { FLAGS_torch_lazy_handle_special_scalars = on; },
+      "LazyTensor: emit 0/1 scalars (add's alpha) as constants, not device data.");
+  m.def("group_symbol", [] { return kGroup.toQualString(); });
+  m.def(
+      "fuse",
+      [](std::shared_ptr<Graph> graph) {
+        // Runs the pass on a graph directly (tests, explain); ignores set_enabled.
+        bool was = g_enabled.exchange(true);
+        fuse_pass(graph);
+        g_enabled.store(was);
+      },
+      "Apply the fusion pass to `graph` in place.");
+  m.attr("torch_version") = ORT_LAZY_STR(ORT_LAZY_TORCH_VERSION);  // torch.__version__ at build
+}

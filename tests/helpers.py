@@ -1,0 +1,80 @@
+"""Helpers shared by the parity tests."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ort_lazy import metrics
+
+
+def compile_ort(model: Any, **options: Any) -> Any:
+    """``torch.compile(model, backend="ort")`` with a fresh dynamo cache for this model."""
+    torch._dynamo.reset()
+    if options:
+        return torch.compile(model, backend="ort", options=options)
+    return torch.compile(model, backend="ort")
+
+
+def assert_close(actual: Any, expected: Any, rtol: float = 1e-4, atol: float = 1e-5, scale: bool = True) -> None:
+    """Compare tensors (or sequences of them); ``scale`` makes atol relative to the largest |value|."""
+    if isinstance(expected, (tuple, list)):
+        assert len(actual) == len(expected)
+        for a, e in zip(actual, expected):
+            assert_close(a, e, rtol, atol, scale)
+        return
+    assert isinstance(actual, torch.Tensor), type(actual)
+    assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    tol = atol
+    if scale and expected.numel() and expected.is_floating_point():
+        finite = expected[torch.isfinite(expected)]
+        if finite.numel():
+            tol = max(atol, atol * float(finite.abs().max()))
+    torch.testing.assert_close(actual, expected, rtol=rtol, atol=tol, equal_nan=True)
+
+
+def assert_ran_on_ort(min_runs: int = 1) -> dict[str, int]:
+    """Fail unless ORT actually ran (a silent fallback cannot pass)."""
+    c = metrics.counters()
+    assert c["ort_runs"] >= min_runs, f"ORT did not run: {c}"
+    return c
+
+
+def train_parity(
+    make: Callable[[], torch.nn.Module],
+    inputs: Sequence[torch.Tensor],
+    steps: int = 3,
+    lr: float = 0.01,
+    rtol: float = 1e-3,
+    atol: float = 1e-4,
+    **options: Any,
+) -> None:
+    """Train an eager copy and an ort-compiled copy with SGD; outputs, grads and weights match."""
+    torch.manual_seed(0)
+    ref = make()
+    ort_model = copy.deepcopy(ref)
+    compiled = compile_ort(ort_model, **options)
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=lr)
+    opt_ort = torch.optim.SGD(ort_model.parameters(), lr=lr)
+    for _ in range(steps):
+        for model, fn, opt in ((ref, ref, opt_ref), (ort_model, compiled, opt_ort)):
+            opt.zero_grad()
+            out = fn(*inputs)
+            out.float().pow(2).mean().backward()
+            if model is ref:
+                expected_out = out.detach()
+            else:
+                assert_close(out.detach(), expected_out, rtol, atol)
+        for p_ref, p_ort in zip(ref.parameters(), ort_model.parameters()):
+            if p_ref.grad is None:
+                assert p_ort.grad is None
+                continue
+            assert_close(p_ort.grad, p_ref.grad, rtol, atol)
+        opt_ref.step()
+        opt_ort.step()
+    for p_ref, p_ort in zip(ref.parameters(), ort_model.parameters()):
+        assert_close(p_ort.detach(), p_ref.detach(), rtol, atol)

@@ -1,0 +1,232 @@
+"""torch.compile(backend="ort"): parity with eager, forward and backward, and proof ORT ran."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from helpers import assert_close, assert_ran_on_ort, compile_ort, train_parity
+
+import ort_lazy
+from ort_lazy import metrics
+from ort_lazy.models import MLP, SeedModel, SmallCNN, TinyGPT
+
+X_FLOATS = [-1.0, 1, [-1.0, 1.0, 2.0], [-0.0, 0.0, 7.0]]
+X_INTS = [[1, -1], [2, 1], [-2, -2]]
+FLOAT_TYPES = [torch.float64, torch.float32, torch.float16]
+INT_TYPES = [torch.int64, torch.int32]
+
+
+def seed(x: torch.Tensor) -> torch.Tensor:
+    y = x * x
+    z = y + x
+    p = z * x
+    q = p - x
+    return q / x
+
+
+@pytest.mark.parametrize("dtype", FLOAT_TYPES, ids=str)
+@pytest.mark.parametrize("x", X_FLOATS, ids=str)
+def test_seed_float_forward_backward(x, dtype):
+    compiled = compile_ort(seed)
+    x_ref = torch.tensor(x, dtype=dtype, requires_grad=True)
+    x_ort = torch.tensor(x, dtype=dtype, requires_grad=True)
+    expected = seed(x_ref)
+    actual = compiled(x_ort)
+    # 0/0 gives NaN exactly where eager does
+    assert torch.equal(torch.isnan(actual), torch.isnan(expected))
+    assert_close(actual.detach(), expected.detach(), rtol=1e-3, atol=1e-3)
+    expected.sum().backward()
+    actual.sum().backward()
+    assert torch.equal(torch.isnan(x_ort.grad), torch.isnan(x_ref.grad))
+    assert_close(x_ort.grad, x_ref.grad, rtol=1e-3, atol=1e-3)
+    c = assert_ran_on_ort(2)  # forward and backward graphs
+    assert c["fallback_ops"] == 0
+
+
+@pytest.mark.parametrize("dtype", INT_TYPES, ids=str)
+@pytest.mark.parametrize("x", X_INTS, ids=str)
+def test_seed_int_forward(x, dtype):
+    compiled = compile_ort(seed)
+    xt = torch.tensor(x, dtype=dtype)
+    expected = seed(xt)
+    actual = compiled(xt)
+    assert actual.dtype == expected.dtype == torch.float32  # true division promotes
+    assert torch.equal(actual, expected)
+    assert_ran_on_ort()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.bool], ids=str)
+def test_bfloat16_and_bool_never_crash(dtype):
+    def f(x, y):
+        return (x * y + x) * y if dtype is torch.bfloat16 else (x & y) | (~x)
+
+    if dtype is torch.bfloat16:
+        x = torch.tensor([1.5, -2.0, 3.0], dtype=dtype)
+        y = torch.tensor([2.0, 0.5, -1.0], dtype=dtype)
+    else:
+        x = torch.tensor([True, False, True])
+        y = torch.tensor([True, True, False])
+    compiled = compile_ort(f)
+    assert torch.equal(compiled(x, y), f(x, y))
+    c = metrics.counters()
+    # either ORT ran it, or it fell back up front with a counted reason; never a session failure
+    assert c["ort_runs"] > 0 or c["fallback_ops"] > 0
+    assert c["ort_failures"] == 0
+
+
+def test_bfloat16_mul_falls_back_up_front():
+    def f(x):
+        return x * x
+
+    x = torch.tensor([1.5, -2.0], dtype=torch.bfloat16)
+    assert torch.equal(compile_ort(f)(x), f(x))
+    fb = metrics.fallbacks()
+    assert "aten.mul.Tensor" in fb
+    assert any("no ORT kernel" in reason for reason in fb["aten.mul.Tensor"])
+    assert metrics.counters()["ort_failures"] == 0
+
+
+def test_mlp_train_matches_eager():
+    train_parity(MLP, (torch.randn(32, 256),), steps=3)
+    c = assert_ran_on_ort(6)
+    assert c["fallback_ops"] == 0
+
+
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+def test_transformer_encoder_layer(train):
+    def make():
+        return torch.nn.TransformerEncoderLayer(64, 4, dim_feedforward=128, batch_first=True, dropout=0.0)
+
+    x = torch.randn(2, 16, 64)
+    if train:
+        train_parity(make, (x,), steps=2)
+    else:
+        torch.manual_seed(0)
+        model = make().eval()
+        compiled = compile_ort(model)
+        with torch.no_grad():
+            assert_close(compiled(x), model(x), rtol=1e-3, atol=1e-4)
+    c = assert_ran_on_ort()
+    # the fused fast path and the fused attention backward are lowered, not left behind
+    assert c["fallback_ops"] == 0, metrics.fallbacks()
+
+
+def test_small_cnn_train_matches_eager():
+    train_parity(SmallCNN, (torch.randn(4, 3, 32, 32),), steps=2, atol=2e-4)
+    assert_ran_on_ort()
+
+
+def test_tiny_gpt_forward_backward():
+    torch.manual_seed(0)
+    train_parity(lambda: TinyGPT(vocab=100, dim=32, heads=2, layers=1, max_len=16), (torch.randint(0, 100, (2, 16)),), steps=1)
+    assert_ran_on_ort()
+
+
+_lib = torch.library.Library("ortlazy_test", "DEF")
+_lib.define("scale3(Tensor x) -> Tensor")
+
+
+@torch.library.impl(_lib, "scale3", "CompositeExplicitAutograd")
+def _scale3(x):
+    return x * 3
+
+
+@torch.library.register_fake("ortlazy_test::scale3")
+def _scale3_fake(x):
+    return torch.empty_like(x)
+
+
+def test_custom_op_stays_in_pytorch_rest_on_ort():
+    def f(x):
+        y = torch.relu(x + 1)
+        z = torch.ops.ortlazy_test.scale3(y)
+        return torch.sigmoid(z * 2)
+
+    x = torch.randn(8, 8)
+    with torch.no_grad():
+        out = compile_ort(f)(x)
+    assert_close(out, f(x))
+    c = assert_ran_on_ort(2)  # one region before, one after the custom op
+    assert c["regions_on_ort"] == 2
+    assert "ortlazy_test.scale3.default" in metrics.fallbacks()
+
+
+def test_options_dict_through_torch_compile():
+    def f(x):
+        return torch.relu(x) * 2 + 1
+
+    x = torch.randn(4)
+    out = compile_ort(f, torch_executed_ops=["aten.relu"])(x)
+    assert_close(out, f(x))
+    assert metrics.fallbacks()["aten.relu.default"] == {"excluded by the user (torch_executed_ops)": 1}
+    assert_ran_on_ort()
+
+
+def test_min_block_size_keeps_small_regions_in_pytorch():
+    def f(x):
+        return torch.ops.ortlazy_test.scale3(x + 1) * 2
+
+    with torch.no_grad():
+        out = compile_ort(f, min_block_size=2)(torch.ones(3))
+    assert torch.equal(out, f(torch.ones(3)))
+    assert metrics.counters()["ort_runs"] == 0
+    assert "region smaller than min_block_size" in str(metrics.fallbacks())
+
+
+def test_ort_lazy_compile_convenience():
+    model = SeedModel()
+    x = torch.tensor([1.0, 2.0, 3.0])
+    torch._dynamo.reset()
+    compiled = ort_lazy.compile(model, min_block_size=1)
+    assert_close(compiled(x), model(x))
+    assert_ran_on_ort()
+
+
+def test_dynamic_batch_one_session_serves_all_sizes():
+    model = MLP(width=16, depth=1, out=4).eval()
+    compiled = compile_ort(model)
+    with torch.no_grad():
+        for batch in (2, 3, 5, 8, 13):
+            x = torch.randn(batch, 16)
+            assert_close(compiled(x), model(x))
+    c = assert_ran_on_ort(5)
+    # batch 2 compiles static; batch 3 recompiles with a symbolic batch that then serves 5, 8, 13
+    assert c["sessions_created"] == 2, c
+    assert c["graphs_compiled"] == 2, c
+
+
+def test_session_cache_hit_for_identical_graph():
+    def f(x):
+        return torch.tanh(x) * 3
+
+    x = torch.randn(4, 4)
+    compile_ort(f)(x)
+    compile_ort(f)(x)  # dynamo reset: same graph exported again -> cached session
+    c = metrics.counters()
+    assert c["sessions_created"] == 1 and c["session_cache_hits"] >= 1, c
+
+
+def test_fresh_process_without_import():
+    code = textwrap.dedent(
+        """
+        import sys, torch
+        f = torch.compile(lambda x: x * x + 1, backend="ort")
+        out = f(torch.tensor([1.0, 2.0]))
+        assert out.tolist() == [2.0, 5.0], out
+        assert "ort_lazy" in sys.modules  # loaded through the entry point
+        from ort_lazy import metrics
+        assert metrics.counters()["ort_runs"] == 1, metrics.counters()
+        f2 = torch.compile(lambda x: x - 1, backend="ort", options={"min_block_size": 1})
+        assert f2(torch.tensor([1.0])).tolist() == [0.0]
+        print("OK")
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORT_LAZY_")}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "OK" in result.stdout

@@ -1,0 +1,89 @@
+"""Options: defaults, ORT_LAZY_* variables, validation with clear errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ort_lazy.options import Options, OptionsError
+
+
+def test_defaults():
+    o = Options()
+    assert o.providers is None
+    assert o.resolve_providers(torch.device("cpu")) == ("CPUExecutionProvider",)
+    assert o.resolve_providers(torch.device("cuda", 0)) == ("CUDAExecutionProvider", "CPUExecutionProvider")
+    assert o.min_block_size == 1 and o.run_type == "ort" and o.dynamic is True
+
+
+def test_env_sets_every_field():
+    env = {
+        "ORT_LAZY_PROVIDERS": "cpu",
+        "ORT_LAZY_PROVIDER_OPTIONS": '{"CPUExecutionProvider": {"arena": "1"}}',
+        "ORT_LAZY_SESSION_OPTIONS": '{"intra_op_num_threads": 2}',
+        "ORT_LAZY_MIN_BLOCK_SIZE": "3",
+        "ORT_LAZY_TORCH_EXECUTED_OPS": "aten::relu, aten.gelu.default",
+        "ORT_LAZY_FREEZE_WEIGHTS": "1",
+        "ORT_LAZY_DYNAMIC": "false",
+        "ORT_LAZY_CACHE_SIZE": "5",
+        "ORT_LAZY_RUN_TYPE": "DEBUG",
+        "ORT_LAZY_RTOL": "0.01",
+        "ORT_LAZY_ATOL": "0",
+        "ORT_LAZY_ALLOW_SPINNING": "0",
+        "ORT_LAZY_DUMP_DIR": "/tmp/d",
+        "ORT_LAZY_CACHE_DIR": "/tmp/c",
+        "ORT_LAZY_AUTOTUNE": "1",
+    }
+    o = Options.from_env(env)
+    assert o.providers == ("CPUExecutionProvider",)
+    assert o.provider_options == {"CPUExecutionProvider": {"arena": "1"}}
+    assert o.session_options == {"intra_op_num_threads": 2}
+    assert o.min_block_size == 3
+    assert o.torch_executed_ops == frozenset({"aten.relu", "aten.gelu.default"})
+    assert o.freeze_weights is True and o.dynamic is False and o.autotune is True
+    assert o.cache_size == 5 and o.run_type == "debug" and o.rtol == 0.01 and o.atol == 0.0
+    assert o.allow_spinning is False and o.dump_dir == "/tmp/d" and o.cache_dir == "/tmp/c"
+    fields = {f.upper() for f in Options.__dataclass_fields__}
+    assert {k[len("ORT_LAZY_"):] for k in env} == fields  # every field has a variable
+
+
+def test_explicit_options_win_over_env():
+    o = Options.from_env({"ORT_LAZY_MIN_BLOCK_SIZE": "4"}, min_block_size=2)
+    assert o.min_block_size == 2
+
+
+@pytest.mark.parametrize(
+    "var,value,words",
+    [
+        ("ORT_LAZY_PROVIDERS", "NopeExecutionProvider", ["ORT_LAZY_PROVIDERS", "unknown execution provider", "CPUExecutionProvider"]),
+        ("ORT_LAZY_RTOL", "abc", ["ORT_LAZY_RTOL", "non-negative number"]),
+        ("ORT_LAZY_ATOL", "-1", ["ORT_LAZY_ATOL", "non-negative"]),
+        ("ORT_LAZY_FREEZE_WEIGHTS", "2", ["ORT_LAZY_FREEZE_WEIGHTS", "0/1"]),
+        ("ORT_LAZY_DYNAMIC", "maybe", ["ORT_LAZY_DYNAMIC", "boolean"]),
+        ("ORT_LAZY_RUN_TYPE", "fast", ["ORT_LAZY_RUN_TYPE", "ort, pytorch, debug"]),
+        ("ORT_LAZY_MIN_BLOCK_SIZE", "0", ["ORT_LAZY_MIN_BLOCK_SIZE", ">= 1"]),
+        ("ORT_LAZY_CACHE_SIZE", "x", ["ORT_LAZY_CACHE_SIZE", "integer"]),
+        ("ORT_LAZY_SESSION_OPTIONS", "{bad", ["ORT_LAZY_SESSION_OPTIONS", "JSON"]),
+    ],
+)
+def test_invalid_env_values_name_the_variable(var, value, words):
+    with pytest.raises(OptionsError) as e:
+        Options.from_env({var: value})
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_unknown_option_keyword():
+    with pytest.raises(OptionsError, match="unknown option"):
+        Options.from_env({}, no_such_thing=1)
+
+
+def test_invalid_option_through_torch_compile_is_clear():
+    f = torch.compile(lambda x: x + 1, backend="ort", options={"run_type": "fastest"})
+    with pytest.raises(Exception, match="run_type"):
+        f(torch.ones(1))
+
+
+def test_provider_aliases_and_order():
+    assert Options(providers="cuda,cpu").providers == ("CUDAExecutionProvider", "CPUExecutionProvider")
+    assert Options(providers=["CPUExecutionProvider"]).providers == ("CPUExecutionProvider",)

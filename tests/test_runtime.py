@@ -1,0 +1,261 @@
+"""Runtime: zero copy, session cache, non-contiguous inputs, threads, export details."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from helpers import assert_close, assert_ran_on_ort, compile_ort
+
+import ort_lazy
+from ort_lazy import metrics
+from ort_lazy.export.fx import export_graph
+from ort_lazy.options import Options
+from ort_lazy.runtime import flavour
+from ort_lazy.runtime.session import OrtModel, OrtRunner, SessionCache, TensorSpec
+
+
+def _traced(fn, *example):
+    """An aten FX graph of ``fn`` with fake ``meta['val']`` on every node."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    return make_fx(fn, tracing_mode="fake")(*example)
+
+
+def _runner(fn, *example, options=None):
+    gm = _traced(fn, *example)
+    model = export_graph(gm, "test")
+    return OrtRunner(model, options or Options(), torch.device("cpu"))
+
+
+def test_inputs_and_outputs_cross_without_copy(monkeypatch):
+    runner = _runner(lambda x: x + 1, torch.zeros(4))
+    seen = {}
+    binding_cls = runner._C.SessionIOBinding
+    real_binding = binding_cls(runner._sess)
+
+    class Spy:
+        def bind_input(self, name, dev, et, shape, ptr):
+            seen["in"] = ptr
+            return real_binding.bind_input(name, dev, et, shape, ptr)
+
+        def bind_output(self, name, dev, *rest):
+            if rest:
+                seen["out"] = rest[-1]
+            return real_binding.bind_output(name, dev, *rest)
+
+        def __getattr__(self, item):
+            return getattr(real_binding, item)
+
+    runner._local.binding = Spy()
+    x = torch.arange(4, dtype=torch.float32)
+    (out,) = runner.run([x])
+    assert seen["in"] == x.data_ptr()  # ORT read the torch buffer itself
+    assert seen["out"] == out.data_ptr()  # and wrote straight into the returned tensor
+    assert out.tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_dynamic_output_crosses_by_dlpack():
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv  # noqa: F401
+
+    torch._dynamo.reset()
+    model = torch.nn.Linear(4, 3)
+    compiled = compile_ort(model)
+    with torch.no_grad():
+        for b in (2, 3, 7):
+            x = torch.randn(b, 4)
+            assert_close(compiled(x), model(x))
+    assert_ran_on_ort(3)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.randn(6, 4).t(),  # transposed
+        lambda: torch.randn(8, 8)[::2, 1::3],  # strided
+        lambda: torch.randn(3, 4, 5).permute(2, 0, 1),
+        lambda: torch.randn(10)[3:7],  # storage offset
+    ],
+    ids=["transposed", "strided", "permuted", "offset"],
+)
+def test_non_contiguous_inputs(make):
+    def f(x):
+        return torch.sin(x) * 2 + x
+
+    x = make()
+    assert_close(compile_ort(f)(x), f(x))
+    assert_ran_on_ort()
+
+
+def test_zero_size_and_scalar_inputs():
+    def f(x, s):
+        return x * s + 1
+
+    for x in (torch.randn(0, 3), torch.tensor(2.0)):
+        s = torch.tensor(3.0)
+        assert_close(compile_ort(f)(x, s), f(x, s))
+
+
+def test_nan_and_inf_values():
+    def f(x):
+        return x * 2 - 1
+
+    x = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0])
+    out = compile_ort(f)(x)
+    torch.testing.assert_close(out, f(x), equal_nan=True)
+    assert_ran_on_ort()
+
+
+def test_session_cache_is_bounded_lru():
+    cache = SessionCache(capacity=2)
+    made = []
+    for key in ("a", "b", "a", "c", "b"):
+        cache.get_or_create(key, lambda k=key: made.append(k) or k)
+    # "a" stayed hot; "b" was evicted by "c" and rebuilt
+    assert made == ["a", "b", "c", "b"]
+    assert len(cache) == 2
+
+
+def test_session_cache_builds_once_under_threads():
+    cache = SessionCache(capacity=4)
+    calls = []
+    barrier = threading.Barrier(8)
+
+    def factory():
+        calls.append(1)
+        return object()
+
+    results = []
+
+    def worker():
+        barrier.wait()
+        results.append(cache.get_or_create("k", factory))
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1
+    assert len({id(r) for r in results}) == 1
+
+
+def test_one_compiled_model_from_many_threads():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+    compiled = compile_ort(model)
+    with torch.no_grad():
+        compiled(torch.randn(4, 8))
+    errors = []
+
+    def worker(seed):
+        g = torch.Generator().manual_seed(seed)
+        try:
+            with torch.no_grad():
+                for _ in range(50):
+                    x = torch.randn(4, 8, generator=g)
+                    assert_close(compiled(x), model(x))
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    assert_ran_on_ort(200)
+
+
+def test_symbolic_dims_kept_in_onnx():
+    import onnx
+
+    model = torch.nn.Linear(4, 2)
+    captured: list[OrtModel] = []
+    from ort_lazy import partition
+
+    real = partition.export_graph
+
+    def spy(gm, name):
+        m = real(gm, name)
+        captured.append(m)
+        return m
+
+    partition.export_graph = spy
+    try:
+        compiled = compile_ort(model)
+        with torch.no_grad():
+            compiled(torch.randn(2, 4))
+            compiled(torch.randn(3, 4))
+    finally:
+        partition.export_graph = real
+    dims = onnx.load_from_string(captured[-1].model_bytes).graph.input
+    symbolic = [d.dim_param for i in dims for d in i.type.tensor_type.shape.dim if d.dim_param]
+    assert symbolic, "the dynamic graph's ONNX model should carry a named batch dim"
+    assert captured[-1].output_specs[0].shape[0] == symbolic[0] or not captured[-1].output_specs[0].static
+
+
+def test_ir_version_within_installed_ort():
+    runner = _runner(lambda x: x * 2, torch.zeros(2))
+    import onnx
+
+    assert onnx.load_from_string(runner.model.model_bytes).ir_version <= 11
+    assert flavour.max_ir_version() in (10, 11)
+    assert flavour.flavour() in ("onnxruntime", "onnxruntime-gpu", "onnxruntime-training")
+
+
+def test_ir_version_clamped_for_training_flavour(monkeypatch):
+    from ort_lazy.runtime import session
+
+    monkeypatch.setattr(session, "max_ir_version", lambda: 9)
+    runner_model = _runner(lambda x: x * 2, torch.zeros(2)).model
+    import onnx
+
+    clamped = session._clamp_ir_version(runner_model.model_bytes)
+    assert onnx.load_from_string(clamped).ir_version == 9
+
+
+_lib = torch.library.Library("ortlazy_rt", "DEF")
+_lib.define("twice(Tensor x) -> Tensor")
+torch.library.impl(_lib, "twice", "CompositeExplicitAutograd")(lambda x: x * 2)
+torch.library.register_fake("ortlazy_rt::twice")(lambda x: torch.empty_like(x))
+
+
+def test_spinning_off_when_graph_interleaves_torch_and_ort():
+    def f(x):
+        return torch.ops.ortlazy_rt.twice(torch.relu(x)).sum()
+
+    compile_ort(f)(torch.randn(8))
+    runners = [s for s in _sessions()]
+    assert runners, "expected an ORT session"
+    for sess in runners:
+        assert sess.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
+
+
+def test_spinning_on_when_ort_runs_whole_graph():
+    compile_ort(lambda x: torch.relu(x) + 1)(torch.randn(8))
+    sessions = _sessions()
+    assert len(sessions) == 1
+    assert sessions[0].get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "1"
+
+
+def _sessions():
+    from ort_lazy.runtime.session import session_cache
+
+    cache = session_cache()
+    sessions = [v[0] for v in cache._items.values()]
+    cache.clear()
+    return sessions
+
+
+def test_tensor_spec_static():
+    assert TensorSpec(torch.float32, (2, 3), torch.device("cpu")).static
+    assert not TensorSpec(torch.float32, ("s0", 3), torch.device("cpu")).static
+
+
+def test_metrics_report_and_reset():
+    compile_ort(lambda x: x + 1)(torch.ones(2))
+    text = ort_lazy.metrics.report()
+    assert "ort_runs" in text and "export" in text
+    metrics.reset()
+    assert metrics.counters()["ort_runs"] == 0
