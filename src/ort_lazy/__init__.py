@@ -17,7 +17,7 @@ from .options import Options, OptionsError
 
 __version__ = "0.1.0"
 
-__all__ = ["Options", "OptionsError", "compile", "metrics", "__version__"]
+__all__ = ["Options", "OptionsError", "compile", "explain", "metrics", "__version__"]
 
 
 def compile(model: Any, *, dynamic: bool | None = None, fullgraph: bool = False, **options: Any) -> Any:
@@ -27,11 +27,20 @@ def compile(model: Any, *, dynamic: bool | None = None, fullgraph: bool = False,
     return _compile(model, dynamic=dynamic, fullgraph=fullgraph, **options)
 
 
+def explain(model: Any, *example_inputs: Any, backward: bool = False, **options: Any) -> Any:
+    """Report partitions, the share of ops on ORT and every op left to PyTorch with its reason.
+
+    Returns an :class:`ort_lazy.debug.explain.ExplainReport` (``print`` it, or ``.as_dict()``).
+    """
+    from .debug.explain import explain as _explain
+
+    return _explain(model, *example_inputs, backward=backward, **options)
+
+
 def __getattr__(name: str) -> Any:
     # Submodules loaded on first use keep `import ort_lazy` cheap.
-    if name in ("fx", "lazy", "jit", "explain"):
+    if name in ("fx", "lazy", "jit"):
         import importlib
 
-        module = importlib.import_module(f".{name}", __name__)
-        return getattr(module, name) if name == "explain" else module
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'ort_lazy' has no attribute {name!r}")

@@ -128,6 +128,9 @@ def decomposition_table() -> dict[Any, Any]:
     for op in distrusted_ops():
         if op not in table and op in torch._decomp.decomposition_table:
             table[op] = torch._decomp.decomposition_table[op]
+    from .lowering import DECOMPOSITIONS
+
+    table.update(DECOMPOSITIONS)
     return table
 
 

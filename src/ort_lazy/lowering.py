@@ -84,3 +84,59 @@ def lower_fast_paths(gm: torch.fx.GraphModule) -> int:
     if replaced:
         gm.recompile()
     return replaced
+
+
+def convolution_backward(
+    grad_output: torch.Tensor,
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    bias_sizes: Any,
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    transposed: bool,
+    output_padding: list[int],
+    groups: int,
+    output_mask: list[bool],
+) -> Any:
+    """``aten.convolution_backward`` as forward convolutions, which ORT runs (Conv/ConvTranspose).
+
+    Covers non-transposed convolutions of any rank and group count; anything else returns
+    ``NotImplemented`` and stays a single op.
+    """
+    if transposed:
+        return NotImplemented
+    spatial = input.dim() - 2
+    grad_input = grad_weight = grad_bias = None
+    if output_mask[0]:
+        # the input gradient is a transposed convolution of grad_output with the same weight;
+        # output_padding recovers input sizes the strided forward rounded away
+        extra = []
+        for i in range(spatial):
+            covered = (grad_output.shape[2 + i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (weight.shape[2 + i] - 1) + 1
+            extra.append(input.shape[2 + i] - covered)
+        grad_input = torch.ops.aten.convolution.default(
+            grad_output, weight, None, stride, padding, dilation, True, extra, groups
+        )
+    if output_mask[1]:
+        # correlate input with grad_output over the batch: swap batch and channel axes, per group
+        n = input.shape[0]
+        c_in = input.shape[1] // groups
+        c_out = grad_output.shape[1] // groups
+        x = input.reshape(n, groups, c_in, *input.shape[2:]).transpose(0, 2)
+        x = x.reshape(c_in, groups * n, *input.shape[2:])
+        sp = list(range(3, 3 + spatial))
+        g = grad_output.reshape(n, groups, c_out, *grad_output.shape[2:]).permute(1, 2, 0, *sp)
+        g = g.reshape(groups * c_out, n, *grad_output.shape[2:])
+        gw = torch.ops.aten.convolution.default(x, g, None, dilation, padding, stride, False, [0] * spatial, groups)
+        gw = gw.reshape(c_in, groups * c_out, *gw.shape[2:]).transpose(0, 1)
+        for i in range(spatial):
+            gw = gw.narrow(2 + i, 0, weight.shape[2 + i])
+        grad_weight = gw.contiguous()
+    if output_mask[2]:
+        grad_bias = grad_output.sum(dim=[0, *range(2, grad_output.dim())])
+    return grad_input, grad_weight, grad_bias
+
+
+#: Extra decompositions added to the exporter's table (op -> implementation in ORT-friendly ops).
+DECOMPOSITIONS = {torch.ops.aten.convolution_backward.default: convolution_backward}

@@ -7,10 +7,12 @@ A region whose export or session creation fails stays in PyTorch, counted and wa
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import operator
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -24,9 +26,32 @@ from .options import Options
 from .runtime.session import OrtRunError, OrtRunner
 from .support import Reason, op_name, unsupported_reason
 
-__all__ = ["OrtRegion", "compile_graph", "graph_device"]
+__all__ = ["OrtRegion", "compile_graph", "graph_device", "GraphRecord", "recording"]
 
 logger = logging.getLogger("ort_lazy")
+
+
+@dataclass
+class GraphRecord:
+    """What :func:`compile_graph` decided for one graph (read by ``ort_lazy.explain``)."""
+
+    tag: str
+    ops: list[tuple[str, str | None]] = field(default_factory=list)  # (op, reason or None)
+    regions: list[dict[str, Any]] = field(default_factory=list)
+
+
+_recorders: list[list[GraphRecord]] = []
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[GraphRecord]]:
+    """Collect a :class:`GraphRecord` for every graph compiled inside the block."""
+    records: list[GraphRecord] = []
+    _recorders.append(records)
+    try:
+        yield records
+    finally:
+        _recorders.remove(records)
 
 
 def graph_device(gm: torch.fx.GraphModule) -> torch.device:
@@ -148,6 +173,14 @@ def _make_region(name: str, sub: torch.fx.GraphModule, options: Options, spinnin
     return OrtRegion(name, sub, runner, options, _tuple_output(sub))
 
 
+def _mark(record: GraphRecord, op: str, reason: str) -> None:
+    """Change the first still-supported entry of ``op`` in ``record`` to ``reason``."""
+    for i, (name, current) in enumerate(record.ops):
+        if name == op and current is None:
+            record.ops[i] = (name, reason)
+            return
+
+
 def _fallback_region(sub: torch.fx.GraphModule, reason: str) -> None:
     metrics.increment("fallback_regions")
     for node in sub.graph.nodes:
@@ -166,6 +199,12 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, *, tag: str = "gra
     providers = options.resolve_providers(device)
     reasons = _node_reasons(gm, options, providers)
     _record(reasons)
+    record = GraphRecord(tag)
+    for node, reason in reasons.items():
+        if isinstance(node.target, torch._ops.OpOverload) and reason != Reason.SYMBOLIC:
+            record.ops.append((op_name(node.target), reason))
+    for records in _recorders:
+        records.append(record)
 
     partitioner = CapabilityBasedPartitioner(
         gm, _Support(reasons), allows_single_node_partition=True
@@ -178,6 +217,7 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, *, tag: str = "gra
             for n in nodes:
                 if n.target is not operator.getitem:
                     metrics.record_fallback(op_name(n.target), Reason.SMALL_REGION)
+                    _mark(record, op_name(n.target), Reason.SMALL_REGION)
             continue
         kept.append(p)
     if not kept:
@@ -189,7 +229,6 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, *, tag: str = "gra
     spinning = options.allow_spinning if options.allow_spinning is not None else whole_graph
 
     fused = partitioner.fuse_partitions(kept)
-    index = 0
     for node in list(fused.graph.nodes):
         if node.op != "call_module" or not node.target.startswith("fused_"):
             continue
@@ -197,9 +236,13 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, *, tag: str = "gra
         sub = _copy_placeholder_meta(fused, name)
         metrics.increment("regions_compiled")
         region = _make_region(f"{tag}_{name}", sub, options, spinning)
-        index += 1
+        ops = [op_name(n.target) for n in sub.graph.nodes if n.op == "call_function" and n.target is not operator.getitem]
+        record.regions.append({"name": f"{tag}_{name}", "ops": ops, "on_ort": region is not None})
         if region is not None:
             setattr(fused, name, region)
+        else:
+            for op in ops:
+                _mark(record, op, Reason.EXPORT_FAILED + " / " + Reason.ORT_FAILED)
     fused.recompile()
     metrics.record_time("compile", time.perf_counter() - start)
     return fused
