@@ -51,6 +51,17 @@ _fallbacks: collections.Counter[tuple[str, str]] = collections.Counter()
 _timings: dict[str, list[float]] = collections.defaultdict(list)
 _warned: set[str] = set()
 _MAX_SAMPLES = 10_000
+# Per-region run-time series, appended to without a lock (deque.append is atomic).
+_series: dict[str, collections.deque[float]] = {}
+
+
+def series(name: str, maxlen: int = 2048) -> collections.deque[float]:
+    """A bounded deque of timing samples (seconds) reported under ``name`` by :func:`timings`."""
+    with _lock:
+        existing = _series.get(name)
+        if existing is None:
+            existing = _series[name] = collections.deque(maxlen=maxlen)
+        return existing
 
 
 def increment(name: str, amount: int = 1) -> None:
@@ -122,6 +133,7 @@ def timings() -> dict[str, dict[str, float]]:
     """Per timing name: count, total, p50, p90, p99 and max, in milliseconds."""
     with _lock:
         snapshot = {k: sorted(v) for k, v in _timings.items() if v}
+        snapshot.update({k: sorted(v) for k, v in _series.items() if v})
     out = {}
     for name, values in sorted(snapshot.items()):
         out[name] = {
@@ -141,6 +153,8 @@ def reset() -> None:
         _counters.clear()
         _fallbacks.clear()
         _timings.clear()
+        for values in _series.values():
+            values.clear()
 
 
 def report() -> str:

@@ -83,14 +83,17 @@ class OrtRegion(torch.nn.Module):
         self.options = options
         self.tuple_output = tuple_output
         self._run_type = options.run_type
+        self._times = metrics.series(f"run:{name}")
 
     def forward(self, *args: Any) -> Any:
         runner = self.runner
         if runner is None or self._run_type == "pytorch":
             metrics.increment("torch_runs")
             return self.torch_module(*args)
+        start = time.perf_counter()
         try:
             outs = runner.run(args)
+            self._times.append(time.perf_counter() - start)
         except OrtRunError as e:
             metrics.increment("ort_failures")
             metrics.warn_once(f"run:{self.name}", "ort-lazy: %s; running it in PyTorch from now on", e)
@@ -221,7 +224,7 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, *, tag: str = "gra
             continue
         kept.append(p)
     if not kept:
-        metrics.record_time("compile", time.perf_counter() - start)
+        _finish(record, start)
         return gm
 
     unsupported = sum(1 for r in reasons.values() if r is not None)
@@ -244,5 +247,20 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, *, tag: str = "gra
             for op in ops:
                 _mark(record, op, Reason.EXPORT_FAILED + " / " + Reason.ORT_FAILED)
     fused.recompile()
-    metrics.record_time("compile", time.perf_counter() - start)
+    _finish(record, start)
     return fused
+
+
+def _finish(record: GraphRecord, start: float) -> None:
+    seconds = time.perf_counter() - start
+    metrics.record_time("compile", seconds)
+    metrics.append_compile_record(
+        {
+            "graph": record.tag,
+            "compile_ms": seconds * 1e3,
+            "ops": len(record.ops),
+            "ops_on_ort": sum(1 for _, r in record.ops if r is None),
+            "regions": record.regions,
+            "fallbacks": [{"op": op, "reason": r} for op, r in record.ops if r is not None],
+        }
+    )

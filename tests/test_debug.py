@@ -1,0 +1,168 @@
+"""Run types, dumps, the metrics file, explain and the ort-lazy command."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from helpers import assert_close, assert_ran_on_ort, compile_ort
+
+import ort_lazy
+from ort_lazy import cli, metrics
+from ort_lazy.debug.compare import MismatchError
+from ort_lazy.models import SmallCNN
+from ort_lazy.runtime import session as session_mod
+
+
+def f(x):
+    return torch.tanh(x) * 3 + x
+
+
+def test_pytorch_run_type_isolates_the_backend():
+    x = torch.randn(5)
+    out = compile_ort(f, run_type="pytorch")(x)
+    assert_close(out, f(x))
+    c = metrics.counters()
+    assert c["ort_runs"] == 0 and c["torch_runs"] == 1 and c["regions_compiled"] == 1
+
+
+def test_debug_run_type_passes_when_equal_and_times_both():
+    x = torch.randn(5)
+    assert_close(compile_ort(f, run_type="debug")(x), f(x))
+    assert_ran_on_ort()
+    names = metrics.timings()
+    assert any(k.startswith("debug_torch:") for k in names)
+    assert any(k.startswith("run:") for k in names)
+
+
+def test_debug_run_type_catches_an_injected_wrong_result(monkeypatch):
+    real = session_mod.OrtRunner._run
+
+    def wrong(self, binding, inputs):
+        outs = real(self, binding, inputs)
+        outs[0].view(-1)[2] += 1.0  # corrupt one element
+        return outs
+
+    monkeypatch.setattr(session_mod.OrtRunner, "_run", wrong)
+    x = torch.randn(5)
+    with pytest.raises(MismatchError) as e:
+        compile_ort(f, run_type="debug")(x)
+    msg = str(e.value)
+    assert "inference_fused_0" in msg and "mismatch at (2,)" in msg and "1 of 5" in msg
+
+
+def test_debug_catches_dtype_and_shape_mismatch():
+    from ort_lazy.debug.compare import compare_outputs
+
+    with pytest.raises(MismatchError, match="dtype"):
+        compare_outputs("r", [torch.zeros(2)], [torch.zeros(2, dtype=torch.float64)], 1e-3, 1e-5)
+    with pytest.raises(MismatchError, match="shape"):
+        compare_outputs("r", [torch.zeros(2)], [torch.zeros(3)], 1e-3, 1e-5)
+
+
+def test_debug_run_type_through_fx_front_door():
+    gm = torch.fx.symbolic_trace(f)
+    x = torch.randn(4)
+    out = ort_lazy.fx.compile(gm, [x], run_type="debug")(x)
+    assert_close(out, f(x))
+    assert any(k.startswith("debug_torch:") for k in metrics.timings())
+
+
+def test_dump_dir_writes_loadable_models(tmp_path):
+    x = torch.randn(3, 4)
+    compile_ort(f, dump_dir=str(tmp_path))(x)
+    onnx_files = sorted(tmp_path.glob("*.onnx"))
+    assert len(onnx_files) == 1
+    prefix = onnx_files[0].with_suffix("")
+    schema = json.loads(prefix.with_suffix(".schema.json").read_text())
+    graph_text = prefix.with_suffix(".graph.txt").read_text()
+    assert "tanh" in graph_text
+    assert schema["inputs"][0]["dtype"] == "float32" and schema["inputs"][0]["shape"] == [3, 4]
+    model = onnx.load(str(onnx_files[0]))
+    onnx.checker.check_model(model)
+    sess = ort.InferenceSession(str(onnx_files[0]), providers=["CPUExecutionProvider"])
+    (out,) = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})
+    np.testing.assert_allclose(out, f(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_metrics_file_gets_a_json_line_per_compile(tmp_path, monkeypatch):
+    path = tmp_path / "m.jsonl"
+    monkeypatch.setenv("ORT_LAZY_METRICS_FILE", str(path))
+    compile_ort(f)(torch.randn(3))
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(lines) == 1
+    assert lines[0]["graph"] == "inference" and lines[0]["ops_on_ort"] == lines[0]["ops"] > 0
+
+
+def test_report_has_counters_fallbacks_and_timings():
+    compile_ort(f, torch_executed_ops=["aten.tanh"])(torch.randn(3))
+    text = metrics.report()
+    assert "aten.tanh.default" in text and "excluded by the user" in text
+    assert "export" in text and "session_create" in text
+
+
+def test_explain_lists_known_fallback_with_reason():
+    x = torch.tensor([1.5, 2.0], dtype=torch.bfloat16)
+    report = ort_lazy.explain(lambda t: t * t, x)
+    assert report.fallbacks["aten.mul.Tensor"] == {
+        "no ORT kernel for these dtypes on this provider: Mul(tensor(bfloat16))": 1
+    }
+    text = str(report)
+    assert "fix:" in text and "0/1 ops on ORT" in text
+
+
+def test_explain_training_graph_is_fully_on_ort_but_mutations():
+    report = ort_lazy.explain(SmallCNN(), torch.randn(2, 3, 32, 32), backward=True)
+    tags = [g.tag for g in report.graphs]
+    assert tags == ["forward", "backward"]
+    reasons = {r for rs in report.fallbacks.values() for r in rs}
+    # BatchNorm's running-stat updates are the only thing left behind
+    assert reasons <= {"mutates its input in place (kept in PyTorch)", "no ONNX mapping for this op"}
+    assert report.share_on_ort > 0.9
+    d = report.as_dict()
+    assert d["ops_total"] == report.ops_total and d["fallbacks"]
+
+
+def test_cli_info_json():
+    out = subprocess.run([sys.executable, "-m", "ort_lazy.cli", "info", "--json"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["torch"] == torch.__version__ and "CPUExecutionProvider" in data["providers"]
+    assert data["onnxruntime_flavour"] in ("onnxruntime", "onnxruntime-gpu", "onnxruntime-training")
+    assert "built" in data["bridge"]
+
+
+def test_cli_demo_runs_and_checks_parity(tmp_path):
+    out_json = tmp_path / "demo.json"
+    rc = cli.main(["demo", "--models", "seed,mlp", "--doors", "dynamo,fx", "--reps", "3", "--json", str(out_json)])
+    assert rc == 0
+    rows = json.loads(out_json.read_text())
+    assert {(r["model"], r["door"]) for r in rows} == {("seed", "dynamo"), ("seed", "fx"), ("mlp", "dynamo"), ("mlp", "fx")}
+    assert all(r["status"] == "ok" and r["ort_runs"] > 0 for r in rows)
+
+
+def test_cli_explain_builtin_and_factory(tmp_path, capsys, monkeypatch):
+    assert cli.main(["explain", "seed", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["ops_on_ort"] == data["ops_total"] == 5
+    (tmp_path / "usermodel.py").write_text(
+        "import torch\n"
+        "def make():\n"
+        "    return torch.nn.Linear(3, 2), (torch.randn(4, 3),)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["explain", "usermodel:make"]) == 0
+    assert "ops on ORT" in capsys.readouterr().out
+
+
+def test_cli_bench_delegates(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["bench", "--help"])
+    assert e.value.code == 0
+    assert "--models" in capsys.readouterr().out  # the benchmark suite's own options
