@@ -10,7 +10,7 @@ import torch
 import torch.fx
 
 from .. import _compat, metrics
-from ..runtime.session import OrtModel, TensorSpec
+from ..runtime.session import TORCH_TO_ONNX, OrtModel, TensorSpec
 
 __all__ = ["ExportError", "translate", "export_graph", "single_node_graph", "spec_of"]
 
@@ -94,26 +94,38 @@ def _dedupe_outputs(model: Any) -> None:
         model.graph.outputs.extend(outputs)
 
 
-def export_graph(gm: torch.fx.GraphModule, name: str = "region") -> OrtModel:
+def export_graph(
+    gm: torch.fx.GraphModule,
+    name: str = "region",
+    constants: dict[int, torch.Tensor] | None = None,
+) -> OrtModel:
     """Translate ``gm`` and package it with its torch-side input/output specs.
 
+    ``constants`` maps placeholder positions to tensors baked into the model as initializers
+    (frozen weights); those inputs disappear from the ONNX model's inputs.
+
     Raises:
-        ExportError: the translator failed; the message names the node.
+        ExportError: the translator failed (the message names the node), or ONNX shape
+            inference disagrees with the graph's own shapes/dtypes (a wrong translation).
     """
     import onnx_ir as ir
 
     start = time.perf_counter()
+    constants = constants or {}
     try:
         model = translate(gm, name)
+        if constants:
+            _bake_constants(model, constants)
         proto = ir.serde.serialize_model(model)
     except Exception as e:
         raise ExportError(f"{name}: {e}") from e
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    placeholders = [n for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder") if i not in constants]
     output_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     out_args = output_node.args[0]
     out_nodes = list(out_args) if isinstance(out_args, (tuple, list)) else [out_args]
     in_specs = [spec_of(p.meta.get("val")) for p in placeholders]
     out_specs = [spec_of(n.meta.get("val") if isinstance(n, torch.fx.Node) else n) for n in out_nodes]
+    _check_inferred_types(proto, out_specs, name)
     result = OrtModel(
         model_bytes=proto.SerializeToString(),
         input_names=[i.name for i in proto.graph.input],
@@ -129,3 +141,55 @@ def export_graph(gm: torch.fx.GraphModule, name: str = "region") -> OrtModel:
         )
     metrics.record_time("export", time.perf_counter() - start)
     return result
+
+
+def _bake_constants(model: Any, constants: dict[int, torch.Tensor]) -> None:
+    """Turn the graph inputs at ``constants``' positions into initializers holding the tensors."""
+    import onnx_ir as ir
+
+    inputs = list(model.graph.inputs)
+    keep = []
+    for i, value in enumerate(inputs):
+        if i in constants:
+            tensor = constants[i].detach()
+            value.const_value = ir.Tensor(tensor.cpu().numpy() if tensor.dtype != torch.bfloat16 else tensor.cpu(), name=value.name)
+            model.graph.initializers[value.name] = value
+        else:
+            keep.append(value)
+    model.graph.inputs.clear()
+    model.graph.inputs.extend(keep)
+
+
+def _check_inferred_types(proto: Any, out_specs: list[TensorSpec], name: str) -> None:
+    """Fail when ONNX's own inference contradicts the output shapes/dtypes the graph declares.
+
+    The translator annotates values with torch's shapes, which would hide a translation that
+    computes something else (a wrongly shaped auxiliary output, another dtype). So the
+    annotations are dropped, ONNX infers the outputs afresh, and every known dim and dtype must
+    agree with the FX metadata; otherwise the region falls back instead of being wrong.
+    """
+    import onnx
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(proto)
+    del probe.graph.value_info[:]
+    for out in probe.graph.output:
+        out.type.tensor_type.ClearField("shape")
+    try:
+        inferred = onnx.shape_inference.infer_shapes(probe, check_type=True, strict_mode=True, data_prop=True)
+    except onnx.shape_inference.InferenceError as e:
+        raise ExportError(f"{name}: ONNX inference rejects the model: {str(e).splitlines()[0]}") from e
+    for out, spec in zip(inferred.graph.output, out_specs):
+        ttype = out.type.tensor_type
+        if ttype.elem_type and spec.dtype in TORCH_TO_ONNX and ttype.elem_type != TORCH_TO_ONNX[spec.dtype]:
+            raise ExportError(f"{name}: output {out.name} is ONNX type {ttype.elem_type}, the graph says {spec.dtype}")
+        if not ttype.HasField("shape"):
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in ttype.shape.dim]
+        if len(dims) != len(spec.shape) or any(
+            d is not None and isinstance(e, int) and d != e for d, e in zip(dims, spec.shape)
+        ):
+            raise ExportError(
+                f"{name}: output {out.name} has inferred shape {[d if d is not None else '?' for d in dims]}, "
+                f"the graph says {list(spec.shape)} (wrong translation)"
+            )
