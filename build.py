@@ -151,8 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--install",
         action="store_true",
-        help="install ort-lazy into the environment: editable, or the built wheel with --build_wheel "
-        "(implied by --test and --demo)",
+        help="install ort-lazy into the environment: editable, or the built wheel (not editable) with "
+        "--build_wheel; implied by --test and --demo",
     )
     t = p.add_argument_group("run")
     t.add_argument("--test", action="store_true", help="run the test suite (pytest -n WORKERS)")
@@ -599,6 +599,15 @@ def describe(args: argparse.Namespace) -> dict[str, Any]:
 # --------------------------------------------------------------------------- actions
 
 
+def check_training(args: argparse.Namespace) -> None:
+    """onnxruntime-training stopped at 1.19.2, which has no wheels past Python 3.12."""
+    if args.enable_training and not args.skip_deps and sys.version_info >= (3, 13):
+        sys.exit(
+            f"build.py: --enable_training installs {ORT_FLAVOURS['training']}, which has no wheels for "
+            f"Python {sys.version_info.major}.{sys.version_info.minor}; use Python 3.10-3.12"
+        )
+
+
 def check_cuda(args: argparse.Namespace) -> None:
     """Stop before building when --use_cuda cannot work here."""
     if not args.use_cuda:
@@ -728,6 +737,7 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(describe(args), indent=2))
         return
     check_cuda(args)
+    check_training(args)
     if uses_venv(args):
         venv = Path(args.venv)
         if not venv_python(venv).exists():
@@ -738,7 +748,10 @@ def main(argv: list[str] | None = None) -> None:
                 )
             )
         argv_rest = sys.argv[1:] if argv is None else argv
-        os.execv(str(venv_python(venv)), [str(venv_python(venv)), str(Path(__file__).resolve()), *argv_rest])
+        again = [str(venv_python(venv)), str(Path(__file__).resolve()), *argv_rest]
+        if os.name == "nt":  # os.execv on Windows returns before the child ends: wait for it
+            sys.exit(subprocess.run(again).returncode)
+        os.execv(again[0], again)
     for step in plan(args):
         run(step)
 

@@ -11,9 +11,9 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from helpers import assert_close, assert_ran_on_ort, compile_ort
 
 import ort_lazy
+from helpers import assert_close, assert_ran_on_ort, compile_ort
 from ort_lazy import cli, metrics
 from ort_lazy.debug.compare import MismatchError
 from ort_lazy.models import SmallCNN

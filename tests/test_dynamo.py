@@ -9,9 +9,9 @@ import textwrap
 
 import pytest
 import torch
-from helpers import assert_close, assert_ran_on_ort, compile_ort, train_parity
 
 import ort_lazy
+from helpers import assert_close, assert_ran_on_ort, compile_ort, train_parity
 from ort_lazy import metrics
 from ort_lazy.models import MLP, SeedModel, SmallCNN, TinyGPT
 
@@ -230,3 +230,27 @@ def test_fresh_process_without_import():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "OK" in result.stdout
+
+
+def test_freeze_weights_bakes_parameters_into_the_model(tmp_path):
+    import onnx
+
+    torch.manual_seed(0)
+    model = MLP(width=16, depth=2, out=4).eval()
+    x = torch.randn(3, 16)
+    torch._dynamo.reset()
+    compiled = ort_lazy.compile(model, freeze_weights=True, dump_dir=str(tmp_path))
+    with torch.no_grad():
+        assert_close(compiled(x), model(x))
+        assert_close(compiled(x), model(x))
+    assert_ran_on_ort(2)
+    (path,) = tmp_path.glob("*.onnx")
+    proto = onnx.load(str(path))
+    assert len(proto.graph.input) == 1  # only x: the 6 weights and biases are initializers
+    assert len(proto.graph.initializer) >= 6
+
+
+def test_freeze_weights_is_not_used_for_training():
+    torch.manual_seed(0)
+    train_parity(lambda: MLP(width=16, depth=1, out=4), (torch.randn(3, 16),), steps=2, freeze_weights=True)
+    assert_ran_on_ort()

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-from helpers import assert_close, assert_ran_on_ort
 
 import ort_lazy
+from helpers import assert_close, assert_ran_on_ort
 
 
 class Net(torch.nn.Module):

@@ -6,9 +6,9 @@ import threading
 
 import pytest
 import torch
-from helpers import assert_close, assert_ran_on_ort, compile_ort
 
 import ort_lazy
+from helpers import assert_close, assert_ran_on_ort, compile_ort
 from ort_lazy import metrics
 from ort_lazy.export.fx import export_graph
 from ort_lazy.options import Options

@@ -54,6 +54,13 @@ def quiet_exporter() -> Iterator[None]:
             lg.setLevel(level)
 
 
+def real_tensor_mode() -> Any:
+    """A context in which tensor ops run for real even inside AOTAutograd's fake-tensor tracing."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    return unset_fake_temporarily()
+
+
 def torch_version() -> tuple[int, int]:
     """(major, minor) of the running torch."""
     major, minor = torch.__version__.split("+")[0].split(".")[:2]

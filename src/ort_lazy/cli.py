@@ -185,7 +185,7 @@ def demo(models: Sequence[str] | None = None, doors: Sequence[str] | None = None
         inputs = spec.inputs()
         with torch.no_grad():
             expected = model(*inputs)
-            eager = _time(lambda: model(*inputs), reps)
+            eager = _time(lambda m=model, i=inputs: m(*i), reps)
             for door in doors:
                 row: dict[str, Any] = {"model": name, "door": door, "eager_ms": eager * 1e3}
                 if door in _BRIDGE_DOORS and (not bridge or name not in _BRIDGE_MODELS):

@@ -75,10 +75,12 @@ class OrtRegion(torch.nn.Module):
     """One ORT-compiled region; falls back to its PyTorch graph if ORT fails at run time."""
 
     def __init__(self, name: str, torch_module: torch.fx.GraphModule, runner: OrtRunner | None,
-                 options: Options, tuple_output: bool) -> None:
+                 options: Options, tuple_output: bool, constants: dict[int, torch.Tensor] | None = None) -> None:
         super().__init__()
         self.name = name
         self.torch_module = torch_module
+        # frozen inputs baked into the ONNX model: the caller no longer passes them
+        self.constants = dict(sorted((constants or {}).items()))
         self.runner = runner
         self.options = options
         self.tuple_output = tuple_output
@@ -89,7 +91,7 @@ class OrtRegion(torch.nn.Module):
         runner = self.runner
         if runner is None or self._run_type == "pytorch":
             metrics.increment("torch_runs")
-            return self.torch_module(*args)
+            return self._torch(args)
         start = time.perf_counter()
         try:
             outs = runner.run(args)
@@ -98,12 +100,21 @@ class OrtRegion(torch.nn.Module):
             metrics.increment("ort_failures")
             metrics.warn_once(f"run:{self.name}", "ort-lazy: %s; running it in PyTorch from now on", e)
             self.runner = None
-            return self.torch_module(*args)
+            return self._torch(args)
         if self._run_type == "debug":
             from .debug.compare import compare_region
 
-            compare_region(self.name, self.torch_module, args, outs, self.options)
+            compare_region(self.name, self.torch_module, self._full_args(args), outs, self.options)
         return tuple(outs) if self.tuple_output else outs[0]
+
+    def _full_args(self, args: tuple[Any, ...]) -> list[Any]:
+        full = list(args)
+        for index, value in self.constants.items():
+            full.insert(index, value)
+        return full
+
+    def _torch(self, args: tuple[Any, ...]) -> Any:
+        return self.torch_module(*self._full_args(args)) if self.constants else self.torch_module(*args)
 
 
 def _compute_nodes(nodes: Sequence[torch.fx.Node]) -> int:
@@ -152,10 +163,16 @@ def _tuple_output(gm: torch.fx.GraphModule) -> bool:
     return isinstance(out.args[0], (tuple, list))
 
 
-def _make_region(name: str, sub: torch.fx.GraphModule, options: Options, spinning: bool) -> OrtRegion | None:
+def _make_region(
+    name: str,
+    sub: torch.fx.GraphModule,
+    options: Options,
+    spinning: bool,
+    constants: dict[int, torch.Tensor] | None = None,
+) -> OrtRegion | None:
     device = graph_device(sub)
     try:
-        model = export_graph(sub, name)
+        model = export_graph(sub, name, constants)
     except ExportError as e:
         metrics.increment("export_failures")
         _fallback_region(sub, Reason.EXPORT_FAILED)
@@ -173,7 +190,7 @@ def _make_region(name: str, sub: torch.fx.GraphModule, options: Options, spinnin
         metrics.warn_once(f"session:{e}", "ort-lazy: %s; it runs in PyTorch", e)
         return None
     metrics.increment("regions_on_ort")
-    return OrtRegion(name, sub, runner, options, _tuple_output(sub))
+    return OrtRegion(name, sub, runner, options, _tuple_output(sub), constants)
 
 
 def _mark(record: GraphRecord, op: str, reason: str) -> None:
@@ -191,8 +208,17 @@ def _fallback_region(sub: torch.fx.GraphModule, reason: str) -> None:
             metrics.record_fallback(op_name(node.target), reason)
 
 
-def compile_graph(gm: torch.fx.GraphModule, options: Options, *, tag: str = "graph") -> torch.fx.GraphModule:
+def compile_graph(
+    gm: torch.fx.GraphModule,
+    options: Options,
+    *,
+    tag: str = "graph",
+    constants: dict[int, torch.Tensor] | None = None,
+) -> torch.fx.GraphModule:
     """Replace every supported region of ``gm`` (aten ops, ``meta['val']`` set) by an ORT region.
+
+    ``constants`` maps placeholder positions of ``gm`` to tensors (frozen weights) that regions
+    bake into their ONNX models instead of taking as inputs.
 
     Returns the same GraphModule object, modified, or ``gm`` untouched when nothing runs on ORT.
     """
@@ -231,6 +257,10 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, *, tag: str = "gra
     whole_graph = unsupported == 0 and len(kept) == 1
     spinning = options.allow_spinning if options.allow_spinning is not None else whole_graph
 
+    frozen: dict[str, torch.Tensor] = {}  # by placeholder name (fusing may copy the nodes)
+    if constants:
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        frozen = {placeholders[i].name: t for i, t in constants.items() if i < len(placeholders)}
     fused = partitioner.fuse_partitions(kept)
     for node in list(fused.graph.nodes):
         if node.op != "call_module" or not node.target.startswith("fused_"):
@@ -238,7 +268,14 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, *, tag: str = "gra
         name = node.target
         sub = _copy_placeholder_meta(fused, name)
         metrics.increment("regions_compiled")
-        region = _make_region(f"{tag}_{name}", sub, options, spinning)
+        sub_constants = {
+            j: frozen[a.name]
+            for j, a in enumerate(node.args)
+            if isinstance(a, torch.fx.Node) and a.op == "placeholder" and a.name in frozen
+        }
+        region = _make_region(f"{tag}_{name}", sub, options, spinning, sub_constants)
+        if region is not None and sub_constants:
+            node.args = tuple(a for j, a in enumerate(node.args) if j not in sub_constants)
         ops = [op_name(n.target) for n in sub.graph.nodes if n.op == "call_function" and n.target is not operator.getitem]
         record.regions.append({"name": f"{tag}_{name}", "ops": ops, "on_ort": region is not None})
         if region is not None:

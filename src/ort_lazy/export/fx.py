@@ -151,8 +151,13 @@ def _bake_constants(model: Any, constants: dict[int, torch.Tensor]) -> None:
     keep = []
     for i, value in enumerate(inputs):
         if i in constants:
-            tensor = constants[i].detach()
-            value.const_value = ir.Tensor(tensor.cpu().numpy() if tensor.dtype != torch.bfloat16 else tensor.cpu(), name=value.name)
+            with _compat.real_tensor_mode():
+                tensor = constants[i].detach().cpu().contiguous()
+                if tensor.dtype == torch.bfloat16:
+                    array, dtype = tensor.view(torch.uint16).numpy().copy(), ir.DataType.BFLOAT16
+                else:
+                    array, dtype = tensor.numpy().copy(), None
+            value.const_value = ir.Tensor(array, dtype=dtype, name=value.name)
             model.graph.initializers[value.name] = value
         else:
             keep.append(value)

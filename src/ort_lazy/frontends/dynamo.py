@@ -14,17 +14,18 @@ from typing import Any
 import torch
 import torch.fx
 
-from .. import _compat
-from ..options import Options
+from .. import _compat, metrics
 from ..lowering import lower_fast_paths
+from ..options import Options
 from ..partition import compile_graph
 
 __all__ = ["ort_backend", "make_backend", "compile"]
 
 
-def _aot_compiler(options: Options, tag: str) -> Callable[..., Any]:
+def _aot_compiler(options: Options, tag: str, frozen: dict[int, torch.Tensor] | None = None) -> Callable[..., Any]:
     def compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
-        forward = compile_graph(gm, options, tag=tag).forward
+        constants = _frozen_for(gm, frozen) if frozen else None
+        forward = compile_graph(gm, options, tag=tag, constants=constants).forward
 
         def run(args: list[Any]) -> Any:
             # Boxed calling convention: the list is cleared so inputs are freed early.
@@ -36,6 +37,17 @@ def _aot_compiler(options: Options, tag: str) -> Callable[..., Any]:
         return run
 
     return compiler
+
+
+def _frozen_for(gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor]) -> dict[int, torch.Tensor] | None:
+    """Frozen weights by placeholder position, when the graph's inputs line up with dynamo's."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, tensor in frozen.items():
+        val = placeholders[i].meta.get("val") if i < len(placeholders) else None
+        if not isinstance(val, torch.Tensor) or tuple(val.shape) != tuple(tensor.shape) or val.dtype != tensor.dtype:
+            metrics.warn_once("freeze-mismatch", "ort-lazy: freeze_weights skipped: graph inputs do not line up with the weights")
+            return None
+    return frozen
 
 
 def make_backend(options: Options | Mapping[str, Any] | None = None) -> Callable[..., Any]:
@@ -59,10 +71,12 @@ def _compile_dynamo_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any
 
     if isinstance(gm, torch.fx.GraphModule):
         lower_fast_paths(gm)
+    # Inference only: weights (nn.Parameter inputs) are snapshot into the ONNX models.
+    frozen = {i: t for i, t in enumerate(example_inputs) if isinstance(t, torch.nn.Parameter)} if opts.freeze_weights else None
     aot = aot_autograd(
         fw_compiler=_aot_compiler(opts, "forward"),
         bw_compiler=_aot_compiler(opts, "backward"),
-        inference_compiler=_aot_compiler(opts, "inference"),
+        inference_compiler=_aot_compiler(opts, "inference", frozen),
         decompositions=_compat.decomposition_table(),
         keep_inference_input_mutations=True,
     )

@@ -1,0 +1,176 @@
+"""TorchScript subgraph -> ONNX, for the groups the bridge cuts out of TorchScript graphs.
+
+The TorchScript exporter (``torch.onnx.export(..., dynamo=False)``) takes a
+``torch.jit.ScriptFunction`` built from the subgraph and handles float64/32/16 and
+int64/32 graphs with torch's type promotion in 3-6 ms. One model is exported per input
+schema (dtype, shape, device), so every output shape is static and outputs can be bound
+to preallocated tensors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ..runtime.session import TORCH_TO_ONNX, OrtModel, TensorSpec
+
+__all__ = ["MAX_OPSET", "DEFAULT_OPSET", "TorchScriptExportError", "export_torchscript"]
+
+#: The TorchScript exporter supports opsets up to 20.
+MAX_OPSET = 20
+DEFAULT_OPSET = 18
+
+
+class TorchScriptExportError(RuntimeError):
+    """The subgraph could not be exported to ONNX; the group runs in TorchScript."""
+
+
+def export_torchscript(
+    graph: torch._C.Graph,
+    example_inputs: Sequence[torch.Tensor],
+    *,
+    name: str = "ts_group",
+    opset: int = DEFAULT_OPSET,
+    no_fusion: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+) -> OrtModel:
+    """Export a TorchScript ``graph`` (tensor inputs, one tensor or a tuple out) to ONNX.
+
+    Args:
+        graph: the subgraph; it is copied, never modified.
+        example_inputs: tensors with the dtypes, shapes and devices the model will get.
+        name: a name for the model (shown in errors and metrics).
+        opset: ONNX opset, at most :data:`MAX_OPSET`.
+        no_fusion: a context manager that suspends the bridge's fusion pass, entered while
+            the subgraph runs once (for the output specs) and while it is exported.
+
+    Returns:
+        An :class:`OrtModel` whose inputs are named ``in_<i>`` after the graph input they
+        bind (inputs the exported model does not use are left out) and whose outputs are
+        ``out_<j>``, with static specs.
+
+    Raises:
+        TorchScriptExportError: the exporter failed or produced an unexpected model.
+    """
+    if not 7 <= opset <= MAX_OPSET:
+        raise ValueError(f"opset must be in [7, {MAX_OPSET}], got {opset}")
+    graph = _views_for_copies(graph)
+    args = tuple(t.detach() for t in example_inputs)
+    in_names = [f"in_{i}" for i in range(len(args))]
+    try:
+        with no_fusion(), torch.no_grad():
+            result = torch._C._create_function_from_graph(name, graph.copy())(*args)
+    except Exception as e:
+        raise TorchScriptExportError(f"{name}: the subgraph failed to run: {type(e).__name__}: {e}") from e
+    outs = result if isinstance(result, tuple) else (result,)
+    if not all(isinstance(o, torch.Tensor) for o in outs):
+        raise TorchScriptExportError(f"{name}: the subgraph returns non-tensor values")
+    out_names = [f"out_{j}" for j in range(len(outs))]
+    wanted = [TORCH_TO_ONNX.get(o.dtype) for o in outs]
+    proto = _export(graph, args, in_names, out_names, name, opset, no_fusion, None)
+    got = _output_types(proto)
+    if got != wanted:
+        # The exporter types all-0-d arithmetic with the default dtype (a float64 scalar
+        # graph comes out float32). Exporting under the dtype torch produced fixes that.
+        floats = {o.dtype for o, g, w in zip(outs, got, wanted) if g != w and o.dtype.is_floating_point}
+        if len(floats) == 1 and next(iter(floats)) in (torch.float32, torch.float64):
+            proto = _export(graph, args, in_names, out_names, name, opset, no_fusion, floats.pop())
+            got = _output_types(proto)
+    if got != wanted:
+        raise TorchScriptExportError(
+            f"{name}: exported output types {got} differ from torch's {wanted} (ONNX element types)"
+        )
+    present = [i.name for i in proto.graph.input]
+    produced = [o.name for o in proto.graph.output]
+    if produced != out_names or any(n not in in_names for n in present):
+        raise TorchScriptExportError(f"{name}: exported model has inputs {present} and outputs {produced}")
+    model_bytes = proto.SerializeToString()
+    by_name = dict(zip(in_names, args))
+    return OrtModel(
+        model_bytes=model_bytes,
+        input_names=present,
+        output_names=out_names,
+        input_specs=[_spec(by_name[n]) for n in present],
+        output_specs=[_spec(o) for o in outs],
+        name=name,
+    )
+
+
+#: Functionalized graphs (LazyTensor) use the ``*_copy`` forms of view ops, which the
+#: TorchScript exporter does not know; with no mutation in the graph the views are equal.
+_COPY_TO_VIEW = {
+    f"aten::{name}_copy": f"aten::{name}"
+    for name in (
+        "alias", "as_strided", "detach", "diagonal", "expand", "narrow", "permute", "select",
+        "slice", "split", "split_with_sizes", "squeeze", "t", "transpose", "unbind", "unfold",
+        "unsqueeze", "view",
+    )
+}
+
+
+def _views_for_copies(graph: torch._C.Graph) -> torch._C.Graph:
+    """A copy of ``graph`` with ``aten::view_copy`` and friends replaced by their views."""
+    graph = graph.copy()
+    nodes: list[torch._C.Node] = []
+    for kind in _COPY_TO_VIEW:
+        nodes.extend(graph.findAllNodes(kind, True))
+    if any(n.schema() != "(no schema)" and "!" in n.schema() for n in graph.nodes()):
+        return graph  # a mutating node might observe the aliasing: keep the copies
+    for node in nodes:
+        view = graph.create(_COPY_TO_VIEW[node.kind()], list(node.inputs()), node.outputsSize())
+        view.insertBefore(node)
+        for old, new in zip(node.outputs(), view.outputs()):
+            new.setType(old.type())
+            old.replaceAllUsesWith(new)
+        node.destroy()
+    return graph
+
+
+def _spec(t: torch.Tensor) -> TensorSpec:
+    return TensorSpec(dtype=t.dtype, shape=tuple(int(s) for s in t.shape), device=t.device)
+
+
+def _export(
+    graph: torch._C.Graph,
+    args: tuple[torch.Tensor, ...],
+    in_names: list[str],
+    out_names: list[str],
+    name: str,
+    opset: int,
+    no_fusion: Callable[[], contextlib.AbstractContextManager[Any]],
+    default_dtype: torch.dtype | None,
+) -> Any:
+    import onnx
+
+    # The exporter rewrites the function's graph in place: give it its own copy.
+    fn = torch._C._create_function_from_graph(name, graph.copy())
+    buf = io.BytesIO()
+    previous = torch.get_default_dtype()
+    try:
+        with no_fusion(), torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if default_dtype is not None:
+                torch.set_default_dtype(default_dtype)
+            torch.onnx.export(
+                fn,
+                args,
+                buf,
+                dynamo=False,
+                opset_version=opset,
+                input_names=in_names,
+                output_names=out_names,
+                do_constant_folding=True,
+            )
+    except Exception as e:
+        raise TorchScriptExportError(f"{name}: {type(e).__name__}: {e}") from e
+    finally:
+        torch.set_default_dtype(previous)
+    return onnx.load_from_string(buf.getvalue())
+
+
+def _output_types(proto: Any) -> list[int | None]:
+    return [o.type.tensor_type.elem_type or None for o in proto.graph.output]

@@ -1,0 +1,83 @@
+"""LazyTensor front door: the LTC TorchScript backend, with ORT executing its graphs.
+
+``torch._lazy.ts_backend`` lowers each traced step to a TorchScript graph and runs it with
+a ``GraphExecutor``; the bridge's post pass (see :mod:`ort_lazy.frontends.jit`) fuses the
+supported nodes of those graphs, forward and backward alike, into groups that run on ORT.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+from ..options import Options
+from . import jit as _jit
+
+__all__ = ["init", "is_initialized", "shutdown", "clear_cache"]
+
+_lock = threading.Lock()
+_backend_ready = False
+
+
+def init(**options: Any) -> Options:
+    """Initialise the LazyTensor TorchScript backend and make ORT its executor.
+
+    Keyword arguments are :class:`~ort_lazy.options.Options` fields. Calling it again
+    replaces the options. Returns the options in effect.
+
+    Raises:
+        RuntimeError: the bridge is not built (the message says how to build it) or was
+            built against another torch.
+        OptionsError: an invalid option.
+    """
+    global _backend_ready
+    opts = Options.from_env(**options)
+    try:
+        bridge = _jit.load_bridge()
+    except _jit.BridgeUnavailableError as e:
+        raise _jit.BridgeUnavailableError(f"ort_lazy.lazy.init(): {e}") from e
+    with _lock:
+        if not _backend_ready:
+            if not _backend_registered():
+                import torch._lazy.ts_backend
+
+                torch._lazy.ts_backend.init()
+            _backend_ready = True
+        # add's alpha=1 (and other 0/1 scalars) become constants instead of
+        # aten::ScalarImplicit(device data), which would cut every add out of the groups.
+        bridge.set_handle_special_scalars(True)
+    _jit.activate("lazy", opts)
+    # Graphs compiled before (plain TorchScript, or other options) would keep their plan.
+    bridge.clear_lazy_computation_cache()
+    return opts
+
+
+def _backend_registered() -> bool:
+    """Whether a LazyTensor backend is already registered (init twice is an error in torch)."""
+    try:
+        torch._C._lazy._get_default_device_type()
+    except RuntimeError:
+        return False
+    return True
+
+
+def clear_cache() -> None:
+    """Drop LazyTensor's compiled graphs: the next steps are compiled with the current options."""
+    if _backend_ready:
+        _jit.load_bridge().clear_lazy_computation_cache()
+
+
+def shutdown() -> None:
+    """Stop running lazy graphs on ORT (the LazyTensor backend itself stays initialised).
+
+    Compiled graphs are dropped, so later steps run in plain TorchScript.
+    """
+    _jit.deactivate("lazy")
+    clear_cache()
+
+
+def is_initialized() -> bool:
+    """Whether :func:`init` is in effect."""
+    return "lazy" in _jit._users
