@@ -21,7 +21,7 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from . import metrics
-from .export.fx import ExportError, export_graph
+from .export.fx import export_graph
 from .options import Options
 from .runtime.session import OrtRunError, OrtRunner
 from .support import Reason, op_name, unsupported_reason
@@ -98,7 +98,12 @@ class OrtRegion(torch.nn.Module):
             self._times.append(time.perf_counter() - start)
         except OrtRunError as e:
             metrics.increment("ort_failures")
-            metrics.warn_once(f"run:{self.name}", "ort-lazy: %s; running it in PyTorch from now on", e)
+            metrics.warn_once(
+                f"run:{self.name}",
+                "ort-lazy: %s (%s); running it in PyTorch from now on",
+                e,
+                _ops_text(self.torch_module),
+            )
             self.runner = None
             return self._torch(args)
         if self._run_type == "debug":
@@ -170,27 +175,38 @@ def _make_region(
     spinning: bool,
     constants: dict[int, torch.Tensor] | None = None,
 ) -> OrtRegion | None:
+    """Export ``sub`` and open its ORT session; None (counted, warned once) when either fails."""
     device = graph_device(sub)
     try:
         model = export_graph(sub, name, constants)
-    except ExportError as e:
+    except Exception as e:  # any export fault falls back: never crash the user's model
         metrics.increment("export_failures")
         _fallback_region(sub, Reason.EXPORT_FAILED)
-        metrics.warn_once(f"export:{e}", "ort-lazy: export of %s failed, it runs in PyTorch: %s", name, e)
+        metrics.warn_once(
+            f"export:{name}", "ort-lazy: export of %s (%s) failed, it runs in PyTorch: %s", name, _ops_text(sub), e
+        )
         return None
     if options.dump_dir:
         from .debug.dump import dump_region
 
-        dump_region(options.dump_dir, name, sub, model)
+        try:
+            dump_region(options.dump_dir, name, sub, model)
+        except OSError as e:
+            metrics.warn_once(f"dump:{options.dump_dir}", "ort-lazy: cannot write dumps to %s: %s", options.dump_dir, e)
     try:
         runner = OrtRunner(model, options, device, spinning=spinning)
-    except OrtRunError as e:
+    except Exception as e:  # session creation faults (bad model, missing kernel, provider) fall back
         metrics.increment("ort_failures")
         _fallback_region(sub, Reason.ORT_FAILED)
-        metrics.warn_once(f"session:{e}", "ort-lazy: %s; it runs in PyTorch", e)
+        metrics.warn_once(f"session:{name}", "ort-lazy: ORT cannot run %s (%s), it runs in PyTorch: %s", name, _ops_text(sub), e)
         return None
     metrics.increment("regions_on_ort")
     return OrtRegion(name, sub, runner, options, _tuple_output(sub), constants)
+
+
+def _ops_text(sub: torch.fx.GraphModule, limit: int = 6) -> str:
+    ops = sorted({op_name(n.target) for n in sub.graph.nodes if n.op == "call_function" and n.target is not operator.getitem})
+    return ", ".join(ops[:limit]) + (f" and {len(ops) - limit} more" if len(ops) > limit else "")
 
 
 def _mark(record: GraphRecord, op: str, reason: str) -> None:

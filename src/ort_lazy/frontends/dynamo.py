@@ -18,6 +18,7 @@ from .. import _compat, metrics
 from ..lowering import lower_fast_paths
 from ..options import Options
 from ..partition import compile_graph
+from ..runtime.flavour import OrtUnavailableError
 
 __all__ = ["ort_backend", "make_backend", "compile"]
 
@@ -25,7 +26,14 @@ __all__ = ["ort_backend", "make_backend", "compile"]
 def _aot_compiler(options: Options, tag: str, frozen: dict[int, torch.Tensor] | None = None) -> Callable[..., Any]:
     def compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         constants = _frozen_for(gm, frozen) if frozen else None
-        forward = compile_graph(gm, options, tag=tag, constants=constants).forward
+        try:
+            forward = compile_graph(gm, options, tag=tag, constants=constants).forward
+        except OrtUnavailableError:
+            raise
+        except Exception as e:  # a fault in partitioning must not break the model: run it in PyTorch
+            metrics.increment("export_failures")
+            metrics.warn_once(f"compile:{tag}:{type(e).__name__}", "ort-lazy: compiling the %s graph failed, it runs in PyTorch: %s", tag, e)
+            forward = gm.forward
 
         def run(args: list[Any]) -> Any:
             # Boxed calling convention: the list is cleared so inputs are freed early.

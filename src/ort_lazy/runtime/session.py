@@ -319,9 +319,11 @@ class OrtRunner:
         self._sess.run_with_iobinding(binding, self._run_options)
         if any(o is None for o in outputs):
             ort_values = binding.get_outputs()
+            dims = _symbol_values(self.model.input_specs, keep)
             for i, o in enumerate(outputs):
                 if o is None:
-                    outputs[i] = _from_ortvalue(ort_values[i], self.model.output_specs[i].dtype)
+                    spec = self.model.output_specs[i]
+                    outputs[i] = _checked(_from_ortvalue(ort_values[i], spec.dtype), spec, dims)
         metrics.increment("ort_runs")
         return outputs  # type: ignore[return-value]
 
@@ -337,6 +339,25 @@ def _data_ptr(t: torch.Tensor) -> int:
     if dummy is None:
         dummy = _PLACEHOLDERS.setdefault(t.device, torch.empty(16, dtype=torch.uint8, device=t.device))
     return dummy.data_ptr()
+
+
+def _symbol_values(specs: Sequence[TensorSpec], inputs: Sequence[torch.Tensor]) -> dict[int | str, int]:
+    """Values of the symbolic dims (``s0`` ...) as bound by this call's inputs."""
+    values: dict[int | str, int] = {}
+    for spec, value in zip(specs, inputs):
+        for d, n in zip(spec.shape, value.shape):
+            if isinstance(d, str):
+                values[d] = n
+    return values
+
+
+def _checked(out: torch.Tensor, spec: TensorSpec, dims: dict[int | str, int]) -> torch.Tensor:
+    """Reject an ORT output whose rank or known dims differ from the graph's (never return it)."""
+    if out.dim() != len(spec.shape) or any(
+        (d if isinstance(d, int) else dims.get(d, n)) != n for d, n in zip(spec.shape, out.shape)
+    ):
+        raise OrtRunError(f"ORT returned shape {tuple(out.shape)}, the graph expects {spec.shape}")
+    return out
 
 
 def _from_ortvalue(value: Any, dtype: torch.dtype) -> torch.Tensor:

@@ -1,0 +1,101 @@
+"""Load and endurance: many threads, many calls, changing shapes; memory and caches stay bounded."""
+
+from __future__ import annotations
+
+import gc
+import os
+import threading
+
+import pytest
+import torch
+
+from helpers import assert_ran_on_ort, compile_ort
+from ort_lazy.models import MLP
+from ort_lazy.runtime.session import session_cache
+
+pytestmark = pytest.mark.slow
+
+
+def _rss_mb() -> float:
+    with open(f"/proc/{os.getpid()}/statm") as f:
+        pages = int(f.read().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def test_8_threads_x_500_calls_all_correct():
+    torch.manual_seed(0)
+    model = MLP(width=32, depth=2, out=8).eval()
+    compiled = compile_ort(model)
+    with torch.no_grad():
+        compiled(torch.randn(4, 32))
+    errors: list[BaseException] = []
+    start = threading.Barrier(8)
+
+    def worker(seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        try:
+            start.wait()
+            with torch.no_grad():
+                for i in range(500):
+                    x = torch.randn(4, 32, generator=g) * (1 + i % 3)
+                    torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+        except BaseException as e:  # reported after join
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not any(t.is_alive() for t in threads), "deadlock: a worker did not finish"
+    assert not errors, errors[0]
+    assert_ran_on_ort(8 * 500)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="RSS read from /proc")
+def test_20000_calls_memory_flat():
+    model = MLP(width=32, depth=2, out=8).eval()
+    compiled = compile_ort(model)
+    x = torch.randn(8, 32)
+    with torch.no_grad():
+        for _ in range(2000):  # warm-up: allocator pools, caches
+            compiled(x)
+        gc.collect()
+        before = _rss_mb()
+        for _ in range(20000):
+            compiled(x)
+        gc.collect()
+        grown = _rss_mb() - before
+    assert grown < 5.0, f"resident memory grew {grown:.1f} MB over 20,000 calls"
+    assert_ran_on_ort(22000)
+
+
+def test_shapes_changing_every_call_stay_bounded():
+    model = MLP(width=16, depth=1, out=4).eval()
+    compiled = compile_ort(model)
+    sizes = list(range(1, 60))
+    with torch.no_grad():
+        compiled(torch.randn(2, 16))
+        gc.collect()
+        before = _rss_mb()
+        for b in sizes:
+            x = torch.randn(b, 16)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+        gc.collect()
+        grown = _rss_mb() - before
+    # batch 1 and batch 2 specialise, then one symbolic model serves every other size
+    assert len(session_cache()) <= 3
+    assert grown < 20.0, f"memory grew {grown:.1f} MB with changing shapes"
+
+
+def test_session_cache_bound_respected_under_many_graphs():
+    cache = session_cache()
+    old = cache.capacity
+    try:
+        for n in range(1, 9):  # eight static graphs (dynamic off): eight distinct models
+            torch._dynamo.reset()
+            f = torch.compile(lambda x, n=n: torch.tanh(x) + n, backend="ort", dynamic=False, options={"cache_size": 3})
+            f(torch.randn(n))
+        assert len(cache) <= 3
+    finally:
+        cache.capacity = old

@@ -1,0 +1,177 @@
+"""Faults fall back to PyTorch (counted, warned once); bad inputs give eager's results or errors."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from helpers import assert_close, assert_ran_on_ort, compile_ort
+from ort_lazy import metrics, partition
+from ort_lazy.export.fx import ExportError
+from ort_lazy.runtime import session as session_mod
+
+
+def model(x):
+    return torch.sin(x) * 2 + x
+
+
+def _warnings(caplog):
+    return [r for r in caplog.records if r.name == "ort_lazy" and r.levelno == logging.WARNING]
+
+
+def test_export_raises_falls_back(monkeypatch, caplog):
+    def boom(*a, **k):
+        raise ExportError("injected export failure")
+
+    monkeypatch.setattr(partition, "export_graph", boom)
+    x = torch.randn(6)
+    with caplog.at_level(logging.WARNING, logger="ort_lazy"):
+        f = compile_ort(model)
+        assert_close(f(x), model(x))
+        assert_close(f(x), model(x))
+    c = metrics.counters()
+    assert c["export_failures"] == 1 and c["ort_runs"] == 0 and c["torch_runs"] == 0
+    msgs = [r.getMessage() for r in _warnings(caplog) if "injected export failure" in r.getMessage()]
+    assert len(msgs) == 1 and "inference_fused_0" in msgs[0] and "aten.sin.default" in msgs[0]
+
+
+def test_unexpected_export_bug_falls_back(monkeypatch):
+    monkeypatch.setattr(partition, "export_graph", lambda *a, **k: {}["missing"])
+    x = torch.randn(3)
+    assert_close(compile_ort(model)(x), model(x))
+    assert metrics.counters()["export_failures"] == 1
+
+
+def test_session_creation_raises_falls_back(monkeypatch, caplog):
+    def boom(*a, **k):
+        raise session_mod.OrtRunError("injected session failure")
+
+    monkeypatch.setattr(session_mod, "create_session", boom)
+    x = torch.randn(6)
+    with caplog.at_level(logging.WARNING, logger="ort_lazy"):
+        assert_close(compile_ort(model)(x), model(x))
+    assert metrics.counters()["ort_failures"] == 1
+    assert metrics.fallbacks()["aten.sin.default"] == {"ORT session or run failed": 1}
+    assert sum("injected session failure" in r.getMessage() for r in _warnings(caplog)) == 1
+
+
+def test_run_raises_falls_back_once_and_for_all(monkeypatch, caplog):
+    calls = []
+
+    def boom(self, binding, inputs):
+        calls.append(1)
+        raise RuntimeError("injected run failure")
+
+    monkeypatch.setattr(session_mod.OrtRunner, "_run", boom)
+    f = compile_ort(model)
+    with caplog.at_level(logging.WARNING, logger="ort_lazy"):
+        for _ in range(3):
+            x = torch.randn(6)
+            assert_close(f(x), model(x))
+    assert len(calls) == 1  # the region stays in PyTorch after the first failure
+    c = metrics.counters()
+    assert c["ort_failures"] == 1 and c["torch_runs"] == 2
+    assert sum("injected run failure" in r.getMessage() for r in _warnings(caplog)) == 1
+
+
+def test_wrong_shaped_output_is_caught(monkeypatch):
+    real = session_mod._from_ortvalue
+
+    def wrong(value, dtype):
+        return real(value, dtype)[:-1]  # ORT "returns" one element too few
+
+    monkeypatch.setattr(session_mod, "_from_ortvalue", wrong)
+    torch._dynamo.reset()
+    f = torch.compile(model, backend="ort", dynamic=True)  # symbolic output: ORT allocates it
+    x = torch.randn(5)
+    assert_close(f(x), model(x))
+    assert metrics.counters()["ort_failures"] == 1
+
+
+def test_wrong_translation_caught_by_inferred_shapes():
+    """torchlib's flash-attention logsumexp has the wrong shape; the export check refuses it."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from ort_lazy.export.fx import export_graph
+
+    def attn(q, k, v):
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(q, k, v)
+
+    q = torch.randn(2, 4, 16, 8)
+    gm = make_fx(attn, tracing_mode="fake")(q, q, q)
+    with pytest.raises(ExportError, match="inferred shape"):
+        export_graph(gm, "attn")
+
+
+def test_compile_fault_runs_graph_in_pytorch(monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("injected partitioner bug")
+
+    monkeypatch.setattr(partition, "_node_reasons", boom)
+    x = torch.randn(4)
+    assert_close(compile_ort(model)(x), model(x))
+    assert metrics.counters()["export_failures"] == 1
+
+
+def test_missing_onnxruntime_gives_clear_import_error():
+    code = textwrap.dedent(
+        """
+        import sys
+        sys.modules["onnxruntime"] = None  # as if it were not installed
+        import torch
+        try:
+            torch.compile(lambda x: x + 1, backend="ort")(torch.ones(1))
+        except Exception as e:
+            text = str(e)
+            assert "pip install onnxruntime" in text, text
+            print("CLEAR")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert "CLEAR" in out.stdout, out.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.randn(0, 4),
+        lambda: torch.tensor(3.0),
+        lambda: torch.tensor([float("nan"), float("inf"), -float("inf")]),
+        lambda: torch.randn(4, 6).t()[1:, ::2],
+    ],
+    ids=["zero-size", "0-d", "nan-inf", "strided"],
+)
+def test_bad_inputs_match_eager(make):
+    x = make()
+    torch.testing.assert_close(compile_ort(model)(x), model(x), equal_nan=True)
+
+
+def test_dtype_and_rank_changes_between_calls():
+    f = compile_ort(model)
+    for x in (torch.randn(3), torch.randn(3, 2), torch.randn(3, dtype=torch.float64), torch.arange(4)):
+        torch.testing.assert_close(f(x), model(x))
+    assert_ran_on_ort(4)
+
+
+def test_requires_grad_toggling():
+    f = compile_ort(model)
+    x = torch.randn(5)
+    assert_close(f(x), model(x))
+    xg = x.clone().requires_grad_()
+    out = f(xg)
+    out.sum().backward()
+    assert_close(xg.grad, torch.cos(x) * 2 + 1)
+    assert_close(f(x), model(x))
+
+
+def test_eager_errors_are_kept():
+    def bad(x, y):
+        return x @ y
+
+    with pytest.raises(Exception, match="(?i)shape|size|mat"):
+        compile_ort(bad)(torch.randn(2, 3), torch.randn(4, 5))
