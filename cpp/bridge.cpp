@@ -21,6 +21,7 @@
 #include <torch/csrc/jit/runtime/custom_operator.h>
 #include <torch/csrc/jit/runtime/interpreter.h>
 #include <torch/csrc/lazy/core/config.h>
+#include <torch/csrc/lazy/core/lazy_graph_executor.h>
 #include <torch/extension.h>
 
 #include <atomic>
@@ -81,7 +82,12 @@ py::object describe_input(const Value* v, std::ostringstream& key) {
     }
     auto dtype = py::reinterpret_borrow<py::object>(
         reinterpret_cast<PyObject*>(torch::getTHPDtype(*st)));
-    return py::make_tuple(py::str("tensor"), dtype, sizes);
+    py::object device = py::none();
+    if (auto d = tt->device()) {
+      device = py::str(d->str());
+      key << "@" << d->str();
+    }
+    return py::make_tuple(py::str("tensor"), dtype, sizes, device);
   }
   auto iv = torch::jit::toIValue(v);
   auto value = torch::jit::toPyObject(*iv);
@@ -139,6 +145,8 @@ void fuse_pass(std::shared_ptr<Graph>& graph) {
 // single (tuple) output when there are several.
 std::shared_ptr<Graph> export_graph(const std::shared_ptr<Graph>& subgraph) {
   auto g = subgraph->copy();
+  // Profiled types are not guarded: the exporter must re-derive them from real inputs.
+  torch::jit::RemoveTensorTypeSpecializations(g);
   static const c10::Symbol kSource = c10::Symbol::attr("source");
   for (Node* n : g->nodes()) {
     if (n->hasAttribute(kSource)) n->removeAttribute(kSource);
@@ -194,6 +202,13 @@ class GroupOp {
 
   bool run_on_ort(Stack& stack) {
     py::gil_scoped_acquire gil;
+    // LazyTensor runs graphs on pool threads that have no Python thread state; without
+    // this the state is created and destroyed on every call (tens of microseconds).
+    static thread_local bool keep_thread_state = false;
+    if (!keep_thread_state) {
+      gil.inc_ref();
+      keep_thread_state = true;
+    }
     try {
       if (runner_ == nullptr) {
         py::object r = (*g_cb.factory)(export_graph(subgraph_), name_);
@@ -280,6 +295,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "set_handle_special_scalars",
       [](bool on) { FLAGS_torch_lazy_handle_special_scalars = on; },
       "LazyTensor: emit 0/1 scalars (add's alpha) as constants, not device data.");
+  m.def(
+      "clear_lazy_computation_cache",
+      [] { torch::lazy::LazyGraphExecutor::Get()->ClearComputationCache(); },
+      "Drop LazyTensor's compiled graphs so the next steps are compiled (and fused) anew.");
   m.def("group_symbol", [] { return kGroup.toQualString(); });
   m.def(
       "fuse",

@@ -125,13 +125,55 @@ def distrusted_ops() -> dict[Any, str]:
     }
 
 
-@functools.lru_cache(maxsize=1)
-def decomposition_table() -> dict[Any, Any]:
-    """Decompositions for ops the exporter cannot translate (or translates wrongly)."""
-    _, _, _decomp, _, _, _ = _exporter()
-    registry = onnx_registry()
-    implemented = set(_decomp.get_onnx_implemented_overloads(registry)) - set(distrusted_ops())
-    table = _decomp.create_onnx_friendly_decomposition_table(implemented)
+def _op_key(op: Any) -> str | None:
+    if isinstance(op, torch._ops.OpOverload):
+        return f"{op.namespace}::{op._schema.name.split('::')[-1]}.{op._overloadname}"
+    return None
+
+
+def _op_from_key(key: str) -> Any:
+    namespace, _, rest = key.partition("::")
+    name, _, overload = rest.rpartition(".")
+    try:
+        return getattr(getattr(getattr(torch.ops, namespace), name), overload)
+    except (AttributeError, RuntimeError):
+        return None
+
+
+@functools.lru_cache(maxsize=8)
+def registered_ops(cache_dir: str | None = None) -> frozenset[Any]:
+    """aten overloads the exporter translates.
+
+    Building the registry costs seconds per process; with a compile cache directory the list
+    is read from there, so a warm process never builds it unless it has to export.
+    """
+    from .runtime.disk_cache import disk_cache
+
+    cache = disk_cache(cache_dir)
+    names = cache.get_json("registered-ops") if cache is not None else None
+    if not isinstance(names, list):
+        _, _, _decomp, _, _, _ = _exporter()
+        ops = _decomp.get_onnx_implemented_overloads(onnx_registry())
+        names = sorted({k for k in (_op_key(op) for op in ops) if k})
+        if cache is not None:
+            cache.put_json("registered-ops", names)
+    return frozenset(op for op in (_op_from_key(n) for n in names) if op is not None)
+
+
+@functools.lru_cache(maxsize=8)
+def decomposition_table(cache_dir: str | None = None) -> dict[Any, Any]:
+    """Decompositions for ops the exporter cannot translate (or translates wrongly).
+
+    torch's own decompositions, except for ops the exporter translates whole. Built without
+    importing the exporter (seconds), so a process with a warm compile cache never loads it.
+    """
+    implemented = set(registered_ops(cache_dir)) - set(distrusted_ops())
+    table: dict[Any, Any] = {}
+    for source in (torch.export.default_decompositions(), torch._decomp.decomposition_table):
+        for op, fn in source.items():
+            if op in implemented or op in table or not hasattr(op, "_schema"):
+                continue
+            table[op] = fn
     for op in distrusted_ops():
         if op not in table and op in torch._decomp.decomposition_table:
             table[op] = torch._decomp.decomposition_table[op]
@@ -181,11 +223,8 @@ def finalize_ir_model(model: Any) -> None:
     _ir_passes.add_opset_imports(model)
 
 
-def is_registered(target: Any) -> bool:
+def is_registered(target: Any, cache_dir: str | None = None) -> bool:
     """Whether the exporter has an ONNX translation for the aten overload ``target``."""
     if target in distrusted_ops():
         return False
-    try:
-        return bool(onnx_registry().is_registered(target))
-    except Exception:
-        return False
+    return target in registered_ops(cache_dir)

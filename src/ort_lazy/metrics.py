@@ -43,6 +43,9 @@ _COUNTER_NAMES = (
     "export_failures",
     "ort_failures",
     "graphs_compiled",
+    "disk_cache_hits",
+    "disk_cache_misses",
+    "disk_cache_rejected",
 )
 
 _lock = threading.Lock()

@@ -20,11 +20,11 @@ import torch.fx
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from . import metrics
-from .export.fx import export_graph
+from . import _compat, metrics
+from .export.fx import export_graph, spec_of
 from .options import Options
-from .runtime.session import OrtRunError, OrtRunner
-from .support import Reason, op_name, unsupported_reason
+from .runtime.session import OrtModel, OrtRunError, OrtRunner, spec_from_json, spec_to_json
+from .support import Reason, op_name, save_support_table, unsupported_reason
 
 __all__ = ["OrtRegion", "compile_graph", "graph_device", "GraphRecord", "recording"]
 
@@ -178,7 +178,7 @@ def _make_region(
     """Export ``sub`` and open its ORT session; None (counted, warned once) when either fails."""
     device = graph_device(sub)
     try:
-        model = export_graph(sub, name, constants)
+        model = _cached_export(sub, name, options, constants)
     except Exception as e:  # any export fault falls back: never crash the user's model
         metrics.increment("export_failures")
         _fallback_region(sub, Reason.EXPORT_FAILED)
@@ -202,6 +202,51 @@ def _make_region(
         return None
     metrics.increment("regions_on_ort")
     return OrtRegion(name, sub, runner, options, _tuple_output(sub), constants)
+
+
+def _cached_export(
+    sub: torch.fx.GraphModule, name: str, options: Options, constants: dict[int, torch.Tensor] | None
+) -> OrtModel:
+    """export_graph, through the persistent compile cache when one is configured."""
+    from .runtime.disk_cache import cache_key, disk_cache
+
+    cache = disk_cache(options.cache_dir)
+    if cache is None:
+        return export_graph(sub, name, constants)
+    specs = [spec_of(n.meta.get("val")) for n in sub.graph.nodes if n.op == "placeholder"]
+    frozen = {str(i): _tensor_digest(t) for i, t in (constants or {}).items()}
+    key = cache_key("region", sub.code, [spec_to_json(s) for s in specs], frozen, options.key(), graph_device(sub).type)
+    hit = cache.get_model(key)
+    if hit is not None:
+        blob, data = hit
+        return OrtModel(
+            model_bytes=blob,
+            input_names=data["input_names"],
+            output_names=data["output_names"],
+            input_specs=[spec_from_json(d) for d in data["input_specs"]],
+            output_specs=[spec_from_json(d) for d in data["output_specs"]],
+            name=name,
+        )
+    model = export_graph(sub, name, constants)
+    cache.put_model(
+        key,
+        model.model_bytes,
+        {
+            "input_names": model.input_names,
+            "output_names": model.output_names,
+            "input_specs": [spec_to_json(s) for s in model.input_specs],
+            "output_specs": [spec_to_json(s) for s in model.output_specs],
+        },
+    )
+    return model
+
+
+def _tensor_digest(t: torch.Tensor) -> str:
+    import hashlib
+
+    with _compat.real_tensor_mode():
+        data = t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
+    return hashlib.sha256(data).hexdigest()
 
 
 def _ops_text(sub: torch.fx.GraphModule, limit: int = 6) -> str:
@@ -266,6 +311,7 @@ def compile_graph(
             continue
         kept.append(p)
     if not kept:
+        save_support_table(options.cache_dir)
         _finish(record, start)
         return gm
 
@@ -300,6 +346,7 @@ def compile_graph(
             for op in ops:
                 _mark(record, op, Reason.EXPORT_FAILED + " / " + Reason.ORT_FAILED)
     fused.recompile()
+    save_support_table(options.cache_dir)
     _finish(record, start)
     return fused
 

@@ -10,6 +10,7 @@ creation.
 
 from __future__ import annotations
 
+import json
 import operator
 import threading
 from collections.abc import Sequence
@@ -117,7 +118,7 @@ def unsupported_reason(node: torch.fx.Node, options: Options, providers: Sequenc
         return Reason.SYMBOLIC
     if target._schema.is_mutable:
         return Reason.MUTATION
-    if not _compat.is_registered(target):
+    if not _compat.is_registered(target, options.cache_dir):
         return Reason.NO_MAPPING
     in_metas = [m for m in _flat_metas(torch.fx.node.map_aggregate(node.args, _meta))]
     in_metas += _flat_metas(torch.fx.node.map_aggregate(node.kwargs, _meta))
@@ -126,7 +127,7 @@ def unsupported_reason(node: torch.fx.Node, options: Options, providers: Sequenc
         return Reason.UNSUPPORTED_DTYPE
     if any(t.device.type not in ("cpu", "cuda", "meta") for t in tensors):
         return Reason.UNSUPPORTED_DTYPE
-    return probe_op(node, tuple(providers))
+    return probe_op(node, tuple(providers), options.cache_dir)
 
 
 def op_reason(
@@ -197,31 +198,62 @@ def _probe_key(node: torch.fx.Node, providers: tuple[str, ...]) -> tuple[Any, ..
     return (node.target, args, kwargs, out, providers)
 
 
-def probe_op(node: torch.fx.Node, providers: tuple[str, ...]) -> str | None:
-    """Translate ``node`` alone and check every emitted ONNX node against ORT's kernels."""
+def probe_op(node: torch.fx.Node, providers: tuple[str, ...], cache_dir: str | None = None) -> str | None:
+    """Translate ``node`` alone and check every emitted ONNX node against ORT's kernels.
+
+    Answers are memoised per (overload, dtypes, ranks, constant arguments, providers), in
+    memory and, with a compile cache directory, on disk for later processes.
+    """
     try:
-        key = _probe_key(node, providers)
-        hash(key)
+        key = json.dumps(_probe_key(node, providers), default=str)
     except Exception:
-        key = None
-    if key is None:
         return _probe_uncached(node, providers)
-    return _probe_cached(key, node, providers)
-
-
-_probe_results: dict[tuple[Any, ...], str | None] = {}
-
-
-def _probe_cached(key: tuple[Any, ...], node: torch.fx.Node, providers: tuple[str, ...]) -> str | None:
+    table = _probe_table(cache_dir)
     with _probe_lock:
-        if key in _probe_results:
-            return _probe_results[key]
+        if key in table:
+            return table[key]
     result = _probe_uncached(node, providers)
     with _probe_lock:
-        if len(_probe_results) > 8192:
-            _probe_results.clear()
-        _probe_results[key] = result
+        if len(table) > 8192:
+            table.clear()
+        table[key] = result
+        _dirty.add(cache_dir)
     return result
+
+
+_probe_tables: dict[str | None, dict[str, str | None]] = {}
+_dirty: set[str | None] = set()
+
+
+def _probe_table(cache_dir: str | None) -> dict[str, str | None]:
+    with _probe_lock:
+        table = _probe_tables.get(cache_dir)
+        if table is not None:
+            return table
+    loaded: dict[str, str | None] = {}
+    if cache_dir:
+        from .runtime.disk_cache import disk_cache
+
+        cache = disk_cache(cache_dir)
+        doc = cache.get_json("support") if cache is not None else None
+        if isinstance(doc, dict):
+            loaded = {str(k): v if isinstance(v, str) else None for k, v in doc.items()}
+    with _probe_lock:
+        return _probe_tables.setdefault(cache_dir, loaded)
+
+
+def save_support_table(cache_dir: str | None) -> None:
+    """Write the support answers learnt in this process to the compile cache (when changed)."""
+    if not cache_dir or cache_dir not in _dirty:
+        return
+    from .runtime.disk_cache import disk_cache
+
+    cache = disk_cache(cache_dir)
+    with _probe_lock:
+        _dirty.discard(cache_dir)
+        body = dict(_probe_tables.get(cache_dir, {}))
+    if cache is not None:
+        cache.put_json("support", body)
 
 
 def _probe_uncached(node: torch.fx.Node, providers: tuple[str, ...]) -> str | None:

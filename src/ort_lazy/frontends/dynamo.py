@@ -85,7 +85,7 @@ def _compile_dynamo_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any
         fw_compiler=_aot_compiler(opts, "forward"),
         bw_compiler=_aot_compiler(opts, "backward"),
         inference_compiler=_aot_compiler(opts, "inference", frozen),
-        decompositions=_compat.decomposition_table(),
+        decompositions=_compat.decomposition_table(opts.cache_dir),
         keep_inference_input_mutations=True,
     )
     # Attention traced through the math path: its backward is ordinary ops ORT runs, where the

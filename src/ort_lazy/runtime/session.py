@@ -87,6 +87,25 @@ class TensorSpec:
         return all(isinstance(d, int) for d in self.shape)
 
 
+def spec_to_json(spec: TensorSpec) -> dict[str, Any]:
+    """A JSON-friendly form of ``spec`` (see :func:`spec_from_json`)."""
+    return {
+        "dtype": str(spec.dtype).replace("torch.", ""),
+        "shape": list(spec.shape),
+        "device": str(spec.device),
+        "scalar": spec.scalar,
+    }
+
+
+def spec_from_json(data: dict[str, Any]) -> TensorSpec:
+    """Inverse of :func:`spec_to_json`; rejects unknown dtypes (no arbitrary lookups)."""
+    dtype = getattr(torch, str(data["dtype"]), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {data['dtype']!r}")
+    shape = tuple(d if isinstance(d, int) else str(d) for d in data["shape"])
+    return TensorSpec(dtype, shape, torch.device(str(data["device"])), bool(data.get("scalar", False)))
+
+
 @dataclass
 class OrtModel:
     """A serialized ONNX model with the torch-side description of its inputs and outputs."""
@@ -219,9 +238,25 @@ def create_session(
     return sess, providers
 
 
+def _leading_ir_version(model_bytes: bytes) -> int | None:
+    """``ModelProto.ir_version`` when serialized first (field 1, varint), without importing onnx."""
+    if not model_bytes or model_bytes[0] != 0x08:
+        return None
+    value, shift = 0, 0
+    for byte in model_bytes[1:11]:
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value
+        shift += 7
+    return None
+
+
 def _clamp_ir_version(model_bytes: bytes) -> bytes:
     """Lower the model's IR version to what the installed ORT accepts, when needed."""
     limit = max_ir_version()
+    version = _leading_ir_version(model_bytes)
+    if version is not None and version <= limit:
+        return model_bytes
     import onnx
 
     proto = onnx.ModelProto()

@@ -1,0 +1,235 @@
+"""torch.jit.script / trace graphs on ORT through the bridge, compared with eager PyTorch."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from ort_lazy import metrics
+from ort_lazy.frontends import jit as jit_frontend
+
+try:
+    jit_frontend.load_bridge()
+    _BRIDGE_ERROR = None
+except jit_frontend.BridgeUnavailableError as e:
+    _BRIDGE_ERROR = str(e)
+
+pytestmark = [
+    pytest.mark.bridge,
+    pytest.mark.skipif(_BRIDGE_ERROR is not None, reason=f"bridge not built: {_BRIDGE_ERROR}"),
+]
+
+
+@pytest.fixture
+def ort_jit():
+    import ort_lazy.jit
+
+    with ort_lazy.jit.enable() as handle:
+        yield handle
+
+
+def _seed(x: torch.Tensor) -> torch.Tensor:
+    y = x * x
+    z = y + x
+    p = z * x
+    q = p - x
+    return q / x
+
+
+def _fresh_seed():
+    """A new scripted seed function with its own executor (torch.jit.script caches per function)."""
+
+    def seed(x: torch.Tensor) -> torch.Tensor:
+        y = x * x
+        z = y + x
+        p = z * x
+        q = p - x
+        return q / x
+
+    return torch.jit.script(seed)
+
+
+def _calls_until_ort(fn, *args, calls: int = 4):
+    """Call ``fn`` ``calls`` times; return the results and ort_runs after each call."""
+    results, runs = [], []
+    for _ in range(calls):
+        results.append(fn(*args))
+        runs.append(metrics.counters()["ort_runs"])
+    return results, runs
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.int64, torch.int32])
+def test_script_no_grad_runs_on_ort(ort_jit, dtype):
+    fn = _fresh_seed()
+    data = [1, -1, 3] if not dtype.is_floating_point else [-1.0, 1.0, 2.5]
+    x = torch.tensor(data, dtype=dtype)
+    results, runs = _calls_until_ort(fn, x)
+    expected = _seed(x)
+    for r in results:
+        assert r.dtype == expected.dtype
+        assert torch.allclose(r, expected, equal_nan=True)
+    # the profiling executor optimizes after the first call: from then on every call is ORT
+    assert runs[-1] - runs[-2] == 1, runs
+    graph = torch.jit.last_executed_optimized_graph()
+    assert "ort::CompilationGroup" in str(graph)
+
+
+def test_script_with_grad_from_the_start(ort_jit):
+    fn = _fresh_seed()
+    for step in range(4):
+        x = torch.tensor([-1.5, 0.5, 2.0, 3.0], requires_grad=True)
+        y = fn(x)
+        y.sum().backward()
+        xe = x.detach().clone().requires_grad_()
+        ye = _seed(xe)
+        ye.sum().backward()
+        assert torch.allclose(y, ye)
+        assert torch.allclose(x.grad, xe.grad), step
+    assert metrics.counters()["ort_runs"] > 0
+
+
+def test_script_first_no_grad_then_grad(ort_jit):
+    """A no-grad plan reused for requires_grad inputs must still give correct gradients."""
+    fn = _fresh_seed()
+    x = torch.tensor([-1.0, 1.0, 2.0, 4.0])
+    for _ in range(3):
+        fn(x)
+    assert metrics.counters()["ort_runs"] > 0
+    xg = x.clone().requires_grad_()
+    for _ in range(3):
+        xg.grad = None
+        y = fn(xg)
+        assert y.requires_grad
+        y.sum().backward()
+        assert torch.allclose(xg.grad, 2 * x + 1)
+    # under no_grad the plan keeps using ORT
+    before = metrics.counters()["ort_runs"]
+    with torch.no_grad():
+        assert torch.allclose(fn(xg), _seed(x))
+    assert metrics.counters()["ort_runs"] == before + 1
+
+
+def test_trace_multi_output(ort_jit):
+    def two(x, w):
+        h = torch.matmul(x, w)
+        return torch.relu(h), torch.sigmoid(h) * 2.0
+
+    x, w = torch.randn(5, 3), torch.randn(3, 4)
+    fn = torch.jit.trace(two, (x, w))
+    for _ in range(3):
+        a, b = fn(x, w)
+    ea, eb = two(x, w)
+    assert torch.allclose(a, ea, atol=1e-6) and torch.allclose(b, eb, atol=1e-6)
+    assert metrics.counters()["ort_runs"] > 0
+
+
+def test_unsupported_node_stays_in_torchscript(ort_jit):
+    def f(x):
+        y = x * 2.0 + 1.0
+        z = torch.special.zeta(y, y)  # no ONNX mapping
+        return z * y - 1.0
+
+    fn = torch.jit.script(f)
+    x = torch.rand(6) + 1.5
+    for _ in range(3):
+        out = fn(x)
+    assert torch.allclose(out, f(x), equal_nan=True)
+    graph = str(torch.jit.last_executed_optimized_graph())
+    assert "ort::CompilationGroup" in graph
+    top = graph.split("with ort::CompilationGroup")[0]
+    assert "aten::special_zeta" in top  # outside every group
+    assert metrics.counters()["ort_runs"] > 0
+    assert "aten.special_zeta.default" in metrics.fallbacks()
+
+
+def test_export_failure_falls_back_once_warned(ort_jit, monkeypatch, caplog):
+    from ort_lazy.export import torchscript
+
+    def broken(*args, **kwargs):
+        raise torchscript.TorchScriptExportError("injected export failure")
+
+    monkeypatch.setattr(torchscript, "export_torchscript", broken)
+
+    def f(x):
+        return torch.tanh(x) * x - 3.0
+
+    fn = torch.jit.script(f)
+    x = torch.randn(7)
+    with caplog.at_level(logging.WARNING, logger="ort_lazy"):
+        for _ in range(4):
+            assert torch.allclose(fn(x), f(x))
+    c = metrics.counters()
+    assert c["export_failures"] == 1
+    assert c["ort_runs"] == 0
+    assert c["torch_runs"] >= 3
+    warnings = [r for r in caplog.records if "injected export failure" in r.getMessage()]
+    assert len(warnings) == 1
+
+
+def test_session_failure_falls_back(ort_jit, monkeypatch, caplog):
+    from ort_lazy.runtime import session
+
+    class Broken:
+        def __init__(self, *args, **kwargs):
+            raise session.OrtRunError("injected session failure")
+
+    monkeypatch.setattr(session, "OrtRunner", Broken)
+
+    def f(x):
+        return torch.exp(x) / (x * x + 1.0)
+
+    fn = torch.jit.script(f)
+    x = torch.randn(9)
+    with caplog.at_level(logging.WARNING, logger="ort_lazy"):
+        for _ in range(4):
+            assert torch.allclose(fn(x), f(x))
+    c = metrics.counters()
+    assert c["ort_failures"] == 1 and c["ort_runs"] == 0
+    assert len([r for r in caplog.records if "injected session failure" in r.getMessage()]) == 1
+
+
+def test_bfloat16_and_bool_never_crash(ort_jit):
+    fn = _fresh_seed()
+    x = torch.tensor([-1.0, 1.0, 2.0], dtype=torch.bfloat16)
+    for _ in range(3):
+        out = fn(x)
+    assert torch.allclose(out, _seed(x))
+    # bfloat16 Mul has no ORT CPU kernel: counted fallback, never a failed session
+    assert metrics.counters()["fallback_ops"] > 0
+    assert metrics.counters()["ort_failures"] == 0
+
+    def logic(a, b):
+        return (a * b + a) == b
+
+    fb = torch.jit.script(logic)
+    a, b = torch.tensor([True, False, True]), torch.tensor([True, True, False])
+    for _ in range(3):
+        out = fb(a, b)
+    assert torch.equal(out, logic(a, b))
+    c = metrics.counters()
+    assert c["ort_failures"] == 0 and c["export_failures"] == 0
+
+
+def test_disable_and_context_manager():
+    import ort_lazy.jit
+
+    assert not ort_lazy.jit.is_enabled()
+    with ort_lazy.jit.enable():
+        assert ort_lazy.jit.is_enabled()
+        fn = _fresh_seed()
+        x = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])
+        for _ in range(3):
+            fn(x)
+        assert metrics.counters()["ort_runs"] > 0
+    assert not ort_lazy.jit.is_enabled()
+    before = metrics.counters()["ort_runs"]
+    assert torch.allclose(fn(x), _seed(x))  # groups fused earlier now run in TorchScript
+    assert metrics.counters()["ort_runs"] == before
+    ort_lazy.jit.enable()
+    try:
+        assert ort_lazy.jit.is_enabled()
+    finally:
+        ort_lazy.jit.disable()
+    assert not ort_lazy.jit.is_enabled()

@@ -1,0 +1,203 @@
+"""LazyTensor (``device="lazy"``) on ORT through the bridge, compared with eager CPU PyTorch."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from ort_lazy import metrics
+from ort_lazy.frontends import jit as jit_frontend
+
+try:
+    jit_frontend.load_bridge()
+    _BRIDGE_ERROR = None
+except jit_frontend.BridgeUnavailableError as e:
+    _BRIDGE_ERROR = str(e)
+
+pytestmark = [
+    pytest.mark.bridge,
+    pytest.mark.skipif(_BRIDGE_ERROR is not None, reason=f"bridge not built: {_BRIDGE_ERROR}"),
+]
+
+
+@pytest.fixture(scope="module")
+def ltm():
+    import torch._lazy
+
+    import ort_lazy
+
+    ort_lazy.lazy.init()
+    yield torch._lazy
+    ort_lazy.lazy.shutdown()
+
+
+# -- the seed script, with its asserts ------------------------------------------------------
+
+
+def model(x):
+    y = x * x
+    z = y + x
+    p = z * x
+    q = p - x
+    r = q / x
+    return r
+
+
+def run_forward(ltm, x):
+    y = model(x)
+    ltm.mark_step()
+    return y
+
+
+def run_forward_backward(ltm, x):
+    assert x.requires_grad
+    y = run_forward(ltm, x)
+    y.sum().backward()
+    ltm.mark_step()
+    return y, x.grad
+
+
+def run(ltm, x, dtype, can_run_backward):
+    x_cpu = torch.tensor(x, device="cpu", dtype=dtype)
+    x_lazy = torch.tensor(x, device="lazy", dtype=dtype)
+    expected = run_forward(ltm, x_cpu)
+    generated = run_forward(ltm, x_lazy)
+    assert torch.allclose(expected, generated.to("cpu"), equal_nan=True), (x, dtype)
+    if not can_run_backward:
+        return
+    expected, expected_grad = run_forward_backward(ltm, x_cpu.requires_grad_())
+    generated, generated_grad = run_forward_backward(ltm, x_lazy.requires_grad_())
+    assert torch.allclose(expected, generated.to("cpu"), equal_nan=True), (x, dtype)
+    assert torch.allclose(expected_grad, generated_grad.to("cpu"), equal_nan=True), (x, dtype)
+
+
+X_FLOATS = [-1.0, 1, [-1.0, 1.0, 2.0], [-0.0, 0.0, 7.0]]
+X_INTS = [[1, -1], [2, 1], [-2, -2]]
+FLOAT_TYPES = [torch.float64, torch.float, torch.float16]
+INT_TYPES = [torch.int64, torch.int32]
+
+
+def _seed_script(ltm):
+    for x, dtype in itertools.product(X_FLOATS, FLOAT_TYPES):
+        run(ltm, x, dtype, can_run_backward=True)
+    for x, dtype in itertools.product(X_INTS, INT_TYPES):
+        run(ltm, x, dtype, can_run_backward=False)
+
+
+def test_seed_script(ltm):
+    _seed_script(ltm)
+    c = metrics.counters()
+    assert c["ort_runs"] > 0, metrics.report()
+    assert c["export_failures"] == 0 and c["ort_failures"] == 0, metrics.report()
+
+
+def test_seed_script_repeated_switches_to_ort(ltm):
+    """Every lazy graph of the seed runs on ORT once the profiling executor optimized it."""
+    runs = []
+    for _ in range(3):
+        before = metrics.counters()["ort_runs"]
+        _seed_script(ltm)
+        runs.append(metrics.counters()["ort_runs"] - before)
+    # each pass executes 12 forward, 12 forward+backward and 6 int forward steps; from the
+    # second pass on, each of their graphs was already profiled, so all of them hit ORT
+    # (backward graphs have detach_copy left in TorchScript, so some steps hold 2 groups)
+    assert runs[1] >= 12 * 2 + 6, runs
+    assert runs[2] == runs[1], runs
+    # a graph never seen before: profiled in TorchScript first, then ORT for good
+    x = torch.linspace(-3.0, 3.0, 17, dtype=torch.float64).to("lazy")
+    per_run = []
+    for _ in range(4):
+        before = metrics.counters()["ort_runs"]
+        y = run_forward(ltm, x * 1.0)
+        per_run.append(metrics.counters()["ort_runs"] - before)
+    assert per_run[0] == 0 and per_run[-2:] == [1, 1], per_run
+    assert torch.allclose(y.cpu(), model(x.cpu()), equal_nan=True)
+    c = metrics.counters()
+    assert c["torch_runs"] == 0 and c["ort_failures"] == 0 and c["export_failures"] == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.bool])
+def test_bfloat16_and_bool(ltm, dtype):
+    if dtype is torch.bool:
+        a_data, b_data = [True, False, True, False], [True, True, False, False]
+
+        def f(a, b):
+            return (a * b + a) == b
+
+    else:
+        a_data, b_data = [-1.0, 1.0, 2.0, 0.5], [3.0, -2.0, 0.25, 8.0]
+
+        def f(a, b):
+            return model(a) + b * a
+
+    a_cpu, b_cpu = torch.tensor(a_data, dtype=dtype), torch.tensor(b_data, dtype=dtype)
+    expected = f(a_cpu, b_cpu)
+    for _ in range(3):
+        a, b = a_cpu.to("lazy"), b_cpu.to("lazy")
+        out = f(a, b)
+        ltm.mark_step()
+        assert torch.equal(out.cpu(), expected) if dtype is torch.bool else torch.allclose(out.cpu(), expected)
+    c = metrics.counters()
+    # never a failed session: what ORT cannot run is left to TorchScript up front, counted
+    assert c["ort_failures"] == 0 and c["export_failures"] == 0
+    assert c["ort_runs"] > 0 or c["fallback_ops"] > 0, metrics.report()
+
+
+def _mlp_steps(device: str, steps: int, sync) -> tuple[list[float], list[torch.Tensor]]:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Linear(12, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)
+    ).to(device)
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(steps):
+        x = torch.randn(8, 12, generator=gen).to(device)
+        target = torch.randn(8, 3, generator=gen).to(device)
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(net(x), target)
+        loss.backward()
+        opt.step()
+        sync()
+        losses.append(loss.item())
+    return losses, [p.detach().cpu() for p in net.parameters()]
+
+
+def test_mlp_sgd_matches_cpu(ltm):
+    cpu_losses, cpu_params = _mlp_steps("cpu", 5, lambda: None)
+    lazy_losses, lazy_params = _mlp_steps("lazy", 5, ltm.mark_step)
+    assert torch.allclose(torch.tensor(lazy_losses), torch.tensor(cpu_losses), rtol=1e-4, atol=1e-6)
+    for a, b in zip(lazy_params, cpu_params):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5)
+    c = metrics.counters()
+    assert c["ort_runs"] > 0, metrics.report()
+    assert c["ort_failures"] == 0 and c["export_failures"] == 0
+
+
+def test_sync_multi_and_threads(ltm):
+    """`.cpu()` and `sync_multi` are sync points; steps traced from several threads work."""
+    import threading
+
+    def step(seed: int, out: dict) -> None:
+        g = torch.Generator().manual_seed(seed)
+        x_cpu = torch.randn(5, 6, generator=g)
+        x = x_cpu.to("lazy")
+        a, b = torch.sigmoid(x) * x, (x * x - 1.0).sum(dim=1)
+        for _ in range(2):
+            ltm.sync_multi([a, b], devices=[])
+        out[seed] = (a.cpu(), b.cpu(), x_cpu)
+
+    results: dict = {}
+    threads = [threading.Thread(target=step, args=(s, results)) for s in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for _ in range(2):
+        step(10, results)
+    for a, b, x_cpu in results.values():
+        assert torch.allclose(a, torch.sigmoid(x_cpu) * x_cpu, atol=1e-6)
+        assert torch.allclose(b, (x_cpu * x_cpu - 1.0).sum(dim=1), atol=1e-5)
+    assert metrics.counters()["ort_runs"] > 0, metrics.report()
