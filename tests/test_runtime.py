@@ -176,8 +176,8 @@ def test_symbolic_dims_kept_in_onnx():
 
     real = partition.export_graph
 
-    def spy(gm, name):
-        m = real(gm, name)
+    def spy(gm, name, constants=None):
+        m = real(gm, name, constants)
         captured.append(m)
         return m
 

@@ -99,7 +99,7 @@ class OrtRegion(torch.nn.Module):
         except OrtRunError as e:
             metrics.increment("ort_failures")
             metrics.warn_once(
-                f"run:{self.name}",
+                f"run:{self.name}:{e}",
                 "ort-lazy: %s (%s); running it in PyTorch from now on",
                 e,
                 _ops_text(self.torch_module),
@@ -183,7 +183,7 @@ def _make_region(
         metrics.increment("export_failures")
         _fallback_region(sub, Reason.EXPORT_FAILED)
         metrics.warn_once(
-            f"export:{name}", "ort-lazy: export of %s (%s) failed, it runs in PyTorch: %s", name, _ops_text(sub), e
+            f"export:{name}:{e}", "ort-lazy: export of %s (%s) failed, it runs in PyTorch: %s", name, _ops_text(sub), e
         )
         return None
     if options.dump_dir:
@@ -198,7 +198,7 @@ def _make_region(
     except Exception as e:  # session creation faults (bad model, missing kernel, provider) fall back
         metrics.increment("ort_failures")
         _fallback_region(sub, Reason.ORT_FAILED)
-        metrics.warn_once(f"session:{name}", "ort-lazy: ORT cannot run %s (%s), it runs in PyTorch: %s", name, _ops_text(sub), e)
+        metrics.warn_once(f"session:{name}:{e}", "ort-lazy: ORT cannot run %s (%s), it runs in PyTorch: %s", name, _ops_text(sub), e)
         return None
     metrics.increment("regions_on_ort")
     return OrtRegion(name, sub, runner, options, _tuple_output(sub), constants)

@@ -303,7 +303,13 @@ class OrtRunner:
         self._cpu_device = ort.OrtDevice.make("cpu", 0)._get_c_device()
         self._run_options = ort.RunOptions()
         self._local = threading.local()
-        self._static_outputs = [s.static for s in model.output_specs]
+        # binding plans worked out once: (name, spec, ORT element type); None type = ORT allocates
+        self._input_plan = [(n, s, _NUMPY_TYPES.get(s.dtype)) for n, s in zip(model.input_names, model.input_specs)]
+        self._output_plan = [
+            (n, s, _NUMPY_TYPES.get(s.dtype) if s.static else None) for n, s in zip(model.output_names, model.output_specs)
+        ]
+        self._dynamic_outputs = any(t is None for _, _, t in self._output_plan)
+        self._tick = metrics.ticker("ort_runs")
         from onnxruntime.capi import _pybind_state as C
 
         self._C = C
@@ -325,41 +331,49 @@ class OrtRunner:
         try:
             return self._run(binding, inputs)
         except OrtRunError:
+            self._reset(binding)
             raise
         except Exception as e:
+            self._reset(binding)
             raise OrtRunError(f"ORT run failed for {self.model.name}: {e}") from e
-        finally:
-            binding.clear_binding_inputs()
-            binding.clear_binding_outputs()
+
+    @staticmethod
+    def _reset(binding: Any) -> None:
+        binding.clear_binding_inputs()
+        binding.clear_binding_outputs()
 
     def _run(self, binding: Any, inputs: Sequence[Any]) -> list[torch.Tensor]:
-        keep: list[torch.Tensor] = []
-        for name, value, spec in zip(self.model.input_names, inputs, self.model.input_specs):
-            if not isinstance(value, torch.Tensor):
+        # Every call rebinds every input and output by name, so earlier bindings are never
+        # read again and need no clearing on the hot path.
+        keep: list[torch.Tensor] = []  # alive until the run ends
+        for (name, spec, element_type), value in zip(self._input_plan, inputs):
+            if type(value) is not torch.Tensor and not isinstance(value, torch.Tensor):
                 value = torch.tensor(value, dtype=spec.dtype)
             elif not value.is_contiguous():
                 value = value.contiguous()
-            keep.append(value)  # alive until the run ends
-            dev = self._ort_device if value.device.type == "cuda" else self._cpu_device
-            binding.bind_input(name, dev, _NUMPY_TYPES[value.dtype], list(value.shape), _data_ptr(value))
+            if value.dtype is not spec.dtype:
+                element_type = _NUMPY_TYPES[value.dtype]
+            keep.append(value)
+            dev = self._ort_device if value.is_cuda else self._cpu_device
+            binding.bind_input(name, dev, element_type, value.shape, value.data_ptr() if value.numel() else _data_ptr(value))
         outputs: list[torch.Tensor | None] = []
-        for name, spec, static in zip(self.model.output_names, self.model.output_specs, self._static_outputs):
-            if static:
-                out = torch.empty(spec.shape, dtype=spec.dtype, device=self.device)  # type: ignore[arg-type]
-                binding.bind_output(name, self._ort_device, _NUMPY_TYPES[out.dtype], list(out.shape), _data_ptr(out))
-                outputs.append(out)
-            else:
+        for name, spec, element_type in self._output_plan:
+            if element_type is None:
                 binding.bind_output(name, self._ort_device)
                 outputs.append(None)
+                continue
+            out = torch.empty(spec.shape, dtype=spec.dtype, device=self.device)
+            binding.bind_output(name, self._ort_device, element_type, spec.shape, out.data_ptr() if out.numel() else _data_ptr(out))
+            outputs.append(out)
         self._sess.run_with_iobinding(binding, self._run_options)
-        if any(o is None for o in outputs):
+        if self._dynamic_outputs:
             ort_values = binding.get_outputs()
             dims = _symbol_values(self.model.input_specs, keep)
             for i, o in enumerate(outputs):
                 if o is None:
                     spec = self.model.output_specs[i]
                     outputs[i] = _checked(_from_ortvalue(ort_values[i], spec.dtype), spec, dims)
-        metrics.increment("ort_runs")
+        self._tick()
         return outputs  # type: ignore[return-value]
 
 
