@@ -733,3 +733,9 @@ def test_workflow_training_wheel_and_conda_jobs() -> None:
         assert files == ["recipe/variants.yaml", f"ci/conda/{combo['variant']}.yaml"]
         assert all((ROOT / f).is_file() for f in files)
         assert argv[argv.index("--target-platform") + 1] == combo["platform"]
+
+
+def test_github_workflow_is_the_ci_copy():
+    """GitHub runs workflows only from .github/workflows: it must be the ci/ matrix, unchanged."""
+    root = Path(__file__).resolve().parents[1]
+    assert (root / ".github/workflows/build.yml").read_text() == (root / "ci/workflows/build.yml").read_text()
