@@ -51,6 +51,7 @@ struct Callbacks {
   py::object* support = nullptr;  // support(key, op, overload, inputs) -> bool
   py::object* factory = nullptr;  // factory(graph, name) -> object with run(list) -> list | None
   py::object* on_torch_run = nullptr;  // on_torch_run(reason) -> None
+  py::object* fatal = nullptr;  // exception type(s) a group run must raise, not fall back on
 };
 Callbacks g_cb;
 std::atomic<bool> g_enabled{false};
@@ -230,7 +231,12 @@ class GroupOp {
       }
       return true;
     } catch (py::error_already_set& e) {
-      // The runner handles its own failures; anything else is reported and falls back.
+      // A debug-mode mismatch is the user's answer: raise it (TorchScript reports it as a
+      // RuntimeError carrying the message).  The runner handles its own ORT failures;
+      // anything else is reported and the group falls back to TorchScript.
+      if (g_cb.fatal != nullptr && e.matches(*g_cb.fatal)) {
+        throw std::runtime_error(e.what());
+      }
       e.discard_as_unraisable(name_.c_str());
       return false;
     }
@@ -278,13 +284,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "TorchScript fusion pass and ort::CompilationGroup operator for ort-lazy";
   m.def(
       "install",
-      [](py::object support, py::object factory, py::object on_torch_run) {
+      [](py::object support, py::object factory, py::object on_torch_run, py::object fatal) {
         // Replaced callables are leaked: a graph being optimized may still hold them.
         g_cb.support = new py::object(std::move(support));
         g_cb.factory = new py::object(std::move(factory));
         g_cb.on_torch_run = new py::object(std::move(on_torch_run));
+        g_cb.fatal = new py::object(std::move(fatal));
       },
-      "Install the support predicate, the group runner factory and the fallback hook.");
+      py::arg("support"), py::arg("factory"), py::arg("on_torch_run"), py::arg("fatal") = py::tuple(),
+      "Install the support predicate, the group runner factory, the fallback hook and the "
+      "exception types a group run raises instead of falling back.");
   m.def("set_enabled", [](bool on) { g_enabled.store(on); },
         "Turn the fusion pass and ORT execution of groups on or off (process-wide).");
   m.def("is_enabled", [] { return g_enabled.load(); });

@@ -21,6 +21,7 @@ import contextlib
 import importlib
 import json
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import ModuleType, TracebackType
@@ -86,7 +87,9 @@ def load_bridge() -> ModuleType:
             module = importlib.import_module("ort_lazy._bridge")
         except ImportError as e:
             raise BridgeUnavailableError(f"the ort-lazy bridge failed to load ({e}); {_BUILD_HINT}") from e
-        module.install(_support, _make_group, _on_torch_run)
+        from ..debug.compare import MismatchError
+
+        module.install(_support, _make_group, _on_torch_run, (MismatchError,))
         _bridge = module
         return module
 
@@ -177,6 +180,7 @@ class _Group:
         self.plans: dict[tuple[Any, ...], _Plan | None] = {}
         n_ops = sum(1 for n in graph.nodes() if n.kind() != "prim::Constant" and n.kind() != "prim::TupleConstruct")
         self.too_small = n_ops < options.min_block_size
+        self._times = metrics.series(f"run:{name}")
         metrics.increment("regions_compiled")
 
     def run(self, tensors: list[torch.Tensor]) -> list[torch.Tensor] | None:
@@ -188,6 +192,7 @@ class _Group:
             plan = self.plans[key] = self._compile(tensors)
         if plan is None:
             return None
+        start = time.perf_counter()
         try:
             outputs = plan.run(tensors)
         except Exception as e:
@@ -198,6 +203,7 @@ class _Group:
             self._failed("ort_failures", "ORT could not run", e)
             self.plans[key] = None
             return None
+        self._times.append(time.perf_counter() - start)
         if self.options.run_type == "debug":
             self._compare(tensors, outputs)
         return outputs
@@ -214,6 +220,13 @@ class _Group:
         except Exception as e:
             self._failed("export_failures", "could not export", e)
             return None
+        if self.options.dump_dir:
+            from ..debug.dump import dump_region
+
+            try:
+                dump_region(self.options.dump_dir, self.name, self.graph, model)
+            except OSError as e:
+                metrics.warn_once(f"dump:{self.options.dump_dir}", "ort-lazy: cannot write dumps: %s", e)
         device = tensors[0].device if tensors else torch.device("cpu")
         spinning = self.options.allow_spinning if self.options.allow_spinning is not None else False
         try:
@@ -242,19 +255,16 @@ class _Group:
         )
 
     def _compare(self, tensors: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:
+        """The ``debug`` run type: run the group in TorchScript too, time it, compare (raises)."""
+        from ..debug.compare import compare_outputs
+
         fn = torch._C._create_function_from_graph(self.name + "_check", self.graph)
+        start = time.perf_counter()
         with _no_fusion():
             ref = fn(*tensors)
+        metrics.record_time(f"debug_torch:{self.name}", time.perf_counter() - start)
         ref = ref if isinstance(ref, tuple) else (ref,)
-        for i, (r, o) in enumerate(zip(ref, outputs)):
-            if not torch.allclose(r, o, rtol=self.options.rtol, atol=self.options.atol, equal_nan=True):
-                metrics.warn_once(
-                    f"ts-group:mismatch:{self.name}:{i}",
-                    "ort-lazy: %s output %d differs between ORT and TorchScript (max abs diff %s)",
-                    self.name,
-                    i,
-                    (r.double() - o.double()).abs().max().item(),
-                )
+        compare_outputs(self.name, list(ref), list(outputs), self.options.rtol, self.options.atol)
 
 
 def _make_group(graph: torch._C.Graph, name: str) -> _Group:

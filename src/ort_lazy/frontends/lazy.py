@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from .. import metrics
 from ..options import Options
 from . import jit as _jit
 
@@ -51,7 +52,21 @@ def init(**options: Any) -> Options:
     _jit.activate("lazy", opts)
     # Graphs compiled before (plain TorchScript, or other options) would keep their plan.
     bridge.clear_lazy_computation_cache()
+    _warn_if_distributed()
     return opts
+
+
+def _warn_if_distributed() -> None:
+    """LazyTensor cannot take part in torch.distributed: say so once instead of failing oddly."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        metrics.warn_once(
+            "lazy-distributed",
+            "ort-lazy: LazyTensor does not support torch.distributed: DistributedDataParallel rejects "
+            "device='lazy' parameters (gloo/NCCL take only CPU/CUDA tensors) and collectives on lazy "
+            "tensors do not communicate. Use torch.compile(model, backend='ort') with DDP instead.",
+        )
 
 
 def _backend_registered() -> bool:
