@@ -166,3 +166,56 @@ def test_cli_bench_delegates(capsys):
         cli.main(["bench", "--help"])
     assert e.value.code == 0
     assert "--models" in capsys.readouterr().out  # the benchmark suite's own options
+
+
+def test_autotune_keeps_the_faster_engine_and_explain_shows_both_timings():
+    tiny = ort_lazy.explain(lambda t: t + 1, torch.randn(3), autotune=True)
+    (region,) = tiny.graphs[0].regions
+    tune = region["autotune"]
+    assert tune["ort_ms"] > 0 and tune["pytorch_ms"] > 0 and tune["chosen"] in ("ort", "pytorch")
+    assert "autotune: ORT" in str(tiny)
+    if tune["chosen"] == "pytorch":
+        assert tiny.fallbacks["aten.add.Tensor"] == {"PyTorch was faster for this region (autotune)": 1}
+    # the decision holds for later calls: the engine that ran matches it
+    metrics.reset()
+    f = compile_ort(lambda t: t + 1, autotune=True)
+    x = torch.randn(3)
+    for _ in range(3):
+        assert_close(f(x), x + 1)
+    c = metrics.counters()
+    assert (c["torch_runs"] == 3) == (c["autotune_kept_in_pytorch"] == 1)
+    assert any(k.startswith("autotune_ort:") for k in metrics.timings())
+
+
+def test_dynamic_off_exports_one_concrete_model_per_shape():
+    import onnx
+
+    from ort_lazy.models import MLP
+
+    model = MLP(width=16, depth=1, out=4).eval()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="ort", dynamic=True, options={"dynamic": False})
+    captured = []
+    from ort_lazy import partition
+
+    real = partition.export_graph
+
+    def spy(gm, name, constants=None):
+        m = real(gm, name, constants)
+        captured.append(m)
+        return m
+
+    partition.export_graph = spy
+    try:
+        with torch.no_grad():
+            for b in (2, 3, 5, 3):
+                x = torch.randn(b, 16)
+                assert_close(compiled(x), model(x))
+    finally:
+        partition.export_graph = real
+    concrete = [m for m in captured if all(s.static for s in m.input_specs)]
+    assert len(concrete) == 3  # batch 3 the second time reuses its model
+    for m in concrete:
+        dims = [d for i in onnx.load_from_string(m.model_bytes).graph.input for d in i.type.tensor_type.shape.dim]
+        assert all(d.HasField("dim_value") for d in dims)
+    assert_ran_on_ort(4)

@@ -7,9 +7,11 @@ A region whose export or session creation fails stays in PyTorch, counted and wa
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import operator
+import statistics
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -86,9 +88,24 @@ class OrtRegion(torch.nn.Module):
         self.tuple_output = tuple_output
         self._run_type = options.run_type
         self._times = metrics.series(f"run:{name}")
+        #: what explain shows for this region (filled in by compile_graph and autotune)
+        self.report: dict[str, Any] = {}
+        self.record: GraphRecord | None = None
+        self._autotune_pending = options.autotune and options.run_type == "ort"
+        # dynamic off: one concrete-shape model per input shape instead of one symbolic model
+        symbolic = runner is not None and any(not s.static for s in runner.model.input_specs)
+        self._per_shape: collections.OrderedDict[Any, OrtRunner | None] | None = (
+            collections.OrderedDict() if symbolic and not options.dynamic else None
+        )
 
     def forward(self, *args: Any) -> Any:
         runner = self.runner
+        if runner is not None and self._per_shape is not None:
+            runner = self._shape_runner(args)
+        if runner is not None and self._autotune_pending:
+            self._autotune_pending = False
+            if not self._autotune(runner, args):
+                self.runner = runner = None
         if runner is None or self._run_type == "pytorch":
             metrics.increment("torch_runs")
             return self._torch(args)
@@ -111,6 +128,60 @@ class OrtRegion(torch.nn.Module):
 
             compare_region(self.name, self.torch_module, self._full_args(args), outs, self.options)
         return tuple(outs) if self.tuple_output else outs[0]
+
+    def _shape_runner(self, args: tuple[Any, ...]) -> OrtRunner | None:
+        """The runner of a model exported for exactly these input shapes (bounded LRU)."""
+        assert self._per_shape is not None
+        key = tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args)
+        if key in self._per_shape:
+            self._per_shape.move_to_end(key)
+            return self._per_shape[key]
+        runner = None
+        try:
+            from torch.fx.experimental.proxy_tensor import make_fx
+
+            concrete = make_fx(self.torch_module, tracing_mode="fake")(*self._full_args(args))
+            model = export_graph(concrete, f"{self.name}_{len(self._per_shape)}", self.constants or None)
+            runner = OrtRunner(model, self.options, graph_device(concrete), spinning=self.runner.spinning if self.runner else False)
+        except Exception as e:  # this shape runs in PyTorch; others may still run on ORT
+            metrics.increment("export_failures")
+            metrics.warn_once(f"shape:{self.name}:{e}", "ort-lazy: %s for shapes %s runs in PyTorch: %s", self.name, key, e)
+        self._per_shape[key] = runner
+        while len(self._per_shape) > self.options.cache_size:
+            self._per_shape.popitem(last=False)
+        return runner
+
+    def _autotune(self, runner: OrtRunner, args: tuple[Any, ...], calls: int = 5) -> bool:
+        """Time this region on ORT and in PyTorch on real inputs; True when ORT is faster."""
+        full = self._full_args(args)
+        ort_t: list[float] = []
+        torch_t: list[float] = []
+        try:
+            runner.run(args)
+            self.torch_module(*full)
+            for _ in range(calls):
+                start = time.perf_counter()
+                runner.run(args)
+                ort_t.append(time.perf_counter() - start)
+                start = time.perf_counter()
+                self.torch_module(*full)
+                torch_t.append(time.perf_counter() - start)
+        except OrtRunError:
+            return True  # the normal path reports and falls back
+        ort_ms, torch_ms = statistics.median(ort_t) * 1e3, statistics.median(torch_t) * 1e3
+        chosen = "ort" if ort_ms <= torch_ms else "pytorch"
+        self.report["autotune"] = {"ort_ms": ort_ms, "pytorch_ms": torch_ms, "chosen": chosen}
+        metrics.record_time(f"autotune_ort:{self.name}", ort_ms / 1e3)
+        metrics.record_time(f"autotune_torch:{self.name}", torch_ms / 1e3)
+        if chosen == "pytorch":
+            metrics.increment("autotune_kept_in_pytorch")
+            for n in self.torch_module.graph.nodes:
+                if n.op == "call_function" and n.target is not operator.getitem:
+                    metrics.record_fallback(op_name(n.target), Reason.AUTOTUNE)
+                    if self.record is not None:
+                        _mark(self.record, op_name(n.target), Reason.AUTOTUNE)
+        logger.info("ort-lazy: autotune %s: ORT %.3f ms, PyTorch %.3f ms -> %s", self.name, ort_ms, torch_ms, chosen)
+        return chosen == "ort"
 
     def _full_args(self, args: tuple[Any, ...]) -> list[Any]:
         full = list(args)
@@ -339,8 +410,11 @@ def compile_graph(
         if region is not None and sub_constants:
             node.args = tuple(a for j, a in enumerate(node.args) if j not in sub_constants)
         ops = [op_name(n.target) for n in sub.graph.nodes if n.op == "call_function" and n.target is not operator.getitem]
-        record.regions.append({"name": f"{tag}_{name}", "ops": ops, "on_ort": region is not None})
+        entry = {"name": f"{tag}_{name}", "ops": ops, "on_ort": region is not None}
+        record.regions.append(entry)
         if region is not None:
+            region.report = entry
+            region.record = record
             setattr(fused, name, region)
         else:
             for op in ops:

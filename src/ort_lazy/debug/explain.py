@@ -87,6 +87,10 @@ class ExplainReport:
             lines.append(f"  graph {g.tag}: {len(g.ops)} ops, {on}/{len(g.regions)} region(s) on ORT")
             for r in g.regions:
                 where = "ORT" if r["on_ort"] else "PyTorch (failed on ORT)"
+                tune = r.get("autotune")
+                if tune:
+                    where = "ORT" if tune["chosen"] == "ort" else "PyTorch (autotune)"
+                    where += f"; autotune: ORT {tune['ort_ms']:.3f} ms vs PyTorch {tune['pytorch_ms']:.3f} ms"
                 lines.append(f"    {r['name']}: {len(r['ops'])} ops on {where}")
         if self.fallbacks:
             lines.append("  left to PyTorch:")

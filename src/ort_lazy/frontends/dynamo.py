@@ -102,6 +102,14 @@ def ort_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options
 
 
 def compile(model: Any, *, dynamic: bool | None = None, fullgraph: bool = False, **options: Any) -> Any:
-    """``torch.compile(model, backend="ort")`` with ort-lazy options as keyword arguments."""
+    """``torch.compile(model, backend="ort")`` with ort-lazy options as keyword arguments.
+
+    ``dynamic`` is both torch.compile's and :attr:`Options.dynamic`: ``False`` compiles for
+    concrete shapes only, ``None`` (default) follows ``ORT_LAZY_DYNAMIC`` (on: dynamo turns
+    dims symbolic once they change and one ONNX model serves every size).
+    """
+    if dynamic is not None:
+        options["dynamic"] = dynamic
     opts = Options.from_env(**options)
-    return torch.compile(model, backend=functools.partial(ort_backend, options=opts), dynamic=dynamic, fullgraph=fullgraph)
+    torch_dynamic = dynamic if dynamic is not None else (None if opts.dynamic else False)
+    return torch.compile(model, backend=functools.partial(ort_backend, options=opts), dynamic=torch_dynamic, fullgraph=fullgraph)

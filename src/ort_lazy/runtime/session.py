@@ -288,6 +288,7 @@ class OrtRunner:
         self.model = model
         self.options = options
         self.device = device
+        self.spinning = spinning
         devkey = _device_key(device)
         stream = None
         if device.type == "cuda":
