@@ -49,38 +49,29 @@ class CapturedCall:
     name: str
 
 
-class _Recorder:
-    """Collects region calls while :func:`recording` is active."""
-
-    def __init__(self) -> None:
-        self.calls: list[CapturedCall] = []
-        self.active = False
-
-
 @contextlib.contextmanager
-def recording() -> Iterator[_Recorder]:
-    """Record the ORT regions ort-lazy builds (and, once ``active``, the calls they get).
+def recording() -> Iterator[list[CapturedCall]]:
+    """Record every ORT region call ort-lazy makes inside the block (in call order).
 
-    Only runners created inside the block record; the library is restored on exit.
+    Wraps ``OrtRunner.run`` on the class for the duration of the block, so regions compiled
+    before the block (Dynamo reuses a graph compiled for the same backend and options) are
+    recorded too. The library is restored on exit.
     """
-    from ort_lazy import partition
     from ort_lazy.runtime.session import OrtRunner
 
-    recorder = _Recorder()
+    calls: list[CapturedCall] = []
+    original = OrtRunner.run
 
-    class RecordingRunner(OrtRunner):
-        def run(self, inputs: Sequence[Any]) -> list[torch.Tensor]:
-            outs = super().run(inputs)
-            if recorder.active:
-                recorder.calls.append(_snapshot(self, inputs, outs))
-            return outs
+    def run(self: Any, inputs: Sequence[Any]) -> list[torch.Tensor]:
+        outs = original(self, inputs)
+        calls.append(_snapshot(self, inputs, outs))
+        return outs
 
-    original = partition.OrtRunner
-    partition.OrtRunner = RecordingRunner  # type: ignore[misc]
+    OrtRunner.run = run  # type: ignore[method-assign]
     try:
-        yield recorder
+        yield calls
     finally:
-        partition.OrtRunner = original  # type: ignore[misc]
+        OrtRunner.run = original  # type: ignore[method-assign]
 
 
 def _snapshot(runner: Any, inputs: Sequence[Any], outs: Sequence[torch.Tensor]) -> CapturedCall:
@@ -175,14 +166,12 @@ def capture_regions(
     The model is called under ``torch.no_grad()`` (inference); the first call compiles, the
     second is the steady-state call that gets recorded.
     """
-    with recording() as recorder:
-        compiled = torch.compile(model, backend="ort", options=dict(options))
-        with torch.no_grad():
+    compiled = torch.compile(model, backend="ort", options=dict(options))
+    with torch.no_grad():
+        compiled(*inputs)
+        with recording() as calls:
             compiled(*inputs)
-            recorder.active = True
-            compiled(*inputs)
-            recorder.active = False
-    return recorder.calls
+    return calls
 
 
 def export_floor(

@@ -15,11 +15,12 @@ Timed calls of all rows of one model and mode are interleaved in rounds so drift
 load hits every row alike. Per row: median and p90 per call, first call (compile) time, peak
 memory, and ratios against eager, the floor and Inductor.
 
-Peak memory is the peak resident set size (RSS, sampled every 0.2 ms from ``/proc/self/statm``)
-above the RSS just before a few steady-state calls, after freed heap memory was returned to the
-OS (``malloc_trim``): the working memory one call needs. ``retained`` is the RSS growth from just
-before the row was built to after its warm-up (what the compiled artifact keeps alive); it is
-noisy (allocator caches) and only indicative.
+Peak memory (``peak MiB``) is measured from the resident set size (RSS): ``retained``, the RSS
+growth from just before a row is built to just after its warm-up (its model copy, compiled code,
+ORT sessions and arenas), plus ``call peak``, the peak RSS above the RSS just before 3
+steady-state calls (sampled every 0.2 ms from ``/proc/self/statm``). Every reading follows a
+``gc.collect()`` and ``malloc_trim(0)``, so freed heap is not counted. tracemalloc is not used:
+it cannot see PyTorch's or ORT's native allocations.
 
 Run ``python benchmarks/bench.py --help`` for the options; ``ort-lazy bench`` calls :func:`main`.
 """
@@ -351,10 +352,16 @@ def _configure_torch(inductor_cache: bool) -> None:
         if hasattr(torch._dynamo.config, name):
             setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 256))
     if not inductor_cache:
+        # A private, empty cache directory: kernels compiled by an earlier run are not reused.
+        import tempfile
+
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="ort-lazy-bench-inductor-")
         with contextlib.suppress(Exception):
             import torch._inductor.config as inductor_config
 
             inductor_config.fx_graph_cache = False
+            if hasattr(inductor_config, "force_disable_caches"):
+                inductor_config.force_disable_caches = True
         with contextlib.suppress(Exception):
             import torch._functorch.config as functorch_config
 
@@ -430,11 +437,12 @@ def run_case(
     memory: bool,
     rss: _Rss,
     log: Callable[[str], None],
+    pause_s: float = 0.05,
 ) -> list[Row]:
     """Build, warm up and time every backend on one model in one mode; one :class:`Row` each."""
     rows: list[Row] = []
     prepared: dict[str, Prepared] = {}
-    retained_base: dict[str, int] = {}
+    per_call: dict[str, float] = {}
     for name in backends:
         backend = BACKENDS[name]
         if case.mode not in backend.modes:
@@ -442,43 +450,34 @@ def run_case(
         row = Row(case.model_name, case.mode, name)
         rows.append(row)
         base = rss.settle() if rss.available else 0
+        stage = "build"
         try:
             p = backend.build(case)
+            row.first_call_s = p.first_call_s
+            row.note = p.note
+            row.extra.update(p.extra)
+            # Warm up; the warm-up also estimates the cost of a call for the time budget.
+            stage = "warm-up"
+            samples: list[float] = []
+            _time_calls(p.step, max(1, warmup), case.train, samples)
         except Exception as e:
             row.status = "error"
             row.error = _error_text(e)
             row.extra["traceback"] = traceback.format_exc(limit=8)
-            log(f"  {case.model_name}/{case.mode}/{name}: ERROR {row.error[:200]}")
+            log(f"  {case.model_name}/{case.mode}/{name}: ERROR ({stage}) {row.error[:200]}")
             continue
         prepared[name] = p
-        retained_base[name] = base
-        row.first_call_s = p.first_call_s
-        row.note = p.note
-        row.extra.update(p.extra)
-        log(f"  {case.model_name}/{case.mode}/{name}: first call {p.first_call_s:.3f} s {p.note}")
+        per_call[name] = statistics.median(samples[-max(1, warmup // 2):])
+        if rss.available:
+            row.retained_mib = max(0, rss.settle() - base) / 2**20
+        log(f"  {case.model_name}/{case.mode}/{name}: first call {p.first_call_s:.3f} s, "
+            f"~{per_call[name] * 1e3:.3f} ms/call {p.note}")
 
     by_name = {r.backend: r for r in rows}
     eager = prepared.get("eager")
     for name, p in prepared.items():
         if eager is not None and name != "eager":
             by_name[name].max_abs_diff = _max_abs_diff(p.output, eager.output)
-
-    # Warm up, estimate the cost of a call, size the timed runs to the time budget.
-    per_call: dict[str, float] = {}
-    for name, p in list(prepared.items()):
-        row = by_name[name]
-        samples: list[float] = []
-        try:
-            _time_calls(p.step, max(1, warmup), case.train, samples)
-        except Exception as e:
-            row.status, row.error = "error", _error_text(e)
-            row.extra["traceback"] = traceback.format_exc(limit=8)
-            log(f"  {case.model_name}/{case.mode}/{name}: ERROR during warm-up {row.error[:200]}")
-            del prepared[name]
-            continue
-        per_call[name] = statistics.median(samples[-max(1, warmup // 2):])
-        if rss.available:
-            row.retained_mib = (rss.settle() - retained_base[name]) / 2**20
     if not prepared:
         return rows
     total_est = sum(per_call.values())
@@ -488,6 +487,9 @@ def run_case(
     times: dict[str, list[float]] = {name: [] for name in prepared}
     for _ in range(rounds):
         for name, p in list(prepared.items()):
+            # Untimed pause: worker threads of the previous row (ORT's spinning pool, OpenMP)
+            # go idle before this row's calls are timed.
+            time.sleep(pause_s)
             try:
                 _time_calls(p.step, chunk, case.train, times[name])
             except Exception as e:
@@ -513,7 +515,8 @@ def run_case(
                 with _grad_mode(case.train), rss.peak() as peak:
                     for _ in range(3):
                         p.step()
-                row.peak_mib = max(0, peak[0] - base) / 2**20
+                row.extra["call_peak_mib"] = max(0, peak[0] - base) / 2**20
+                row.peak_mib = row.extra["call_peak_mib"] + (row.retained_mib or 0.0)
             except Exception as e:  # memory is a figure, not a reason to lose the row
                 row.extra["memory_error"] = _error_text(e)
     prepared.clear()
@@ -729,8 +732,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma-separated, from: {', '.join(BACKENDS)} (--freeze adds the +freeze rows)")
     p.add_argument("--reps", type=int, default=200, help="timed calls per row (fewer if --max-time runs out)")
     p.add_argument("--warmup", type=int, default=20, help="untimed calls per row after the first call")
-    p.add_argument("--rounds", type=int, default=5, help="timed calls are interleaved across rows in this many rounds")
+    p.add_argument("--rounds", type=int, default=10, help="timed calls are interleaved across rows in this many rounds")
     p.add_argument("--max-time", type=float, default=5.0, help="seconds of timed calls per row, about (at least 5 calls)")
+    p.add_argument("--pause-ms", type=float, default=50.0,
+                   help="untimed pause before each row's share of a round, so the previous row's threads go idle")
     p.add_argument("--threads", type=int, default=None,
                    help="torch.set_num_threads and ORT intra-op threads (default: torch's current count)")
     p.add_argument("--freeze", action="store_true", help="add ort+freeze (freeze_weights=True) and floor+freeze rows for inference")
@@ -780,6 +785,7 @@ def run_suite(args: argparse.Namespace, log: Callable[[str], None]) -> tuple[lis
             rows += run_case(
                 case, backends, reps=args.reps, warmup=args.warmup, rounds=args.rounds,
                 max_time_s=args.max_time, memory=not args.no_memory, rss=rss, log=log,
+                pause_s=args.pause_ms / 1e3,
             )
             torch._dynamo.reset()
     add_ratios(rows)
@@ -793,6 +799,8 @@ def run_suite(args: argparse.Namespace, log: Callable[[str], None]) -> tuple[lis
         "reps": args.reps,
         "warmup": args.warmup,
         "rounds": args.rounds,
+        "pause_ms": args.pause_ms,
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "max_time_s": args.max_time,
         "models": models,
         "modes": modes,
@@ -800,9 +808,10 @@ def run_suite(args: argparse.Namespace, log: Callable[[str], None]) -> tuple[lis
         "inductor_cache": bool(args.inductor_cache),
         "prime_s": prime,
         "wall_s": time.perf_counter() - started,
-        "memory_method": "peak RSS above the pre-call RSS over 3 steady-state calls, sampled every 0.2 ms "
-        "from /proc/self/statm after malloc_trim(0); retained = RSS growth from before the row was built "
-        "to after its warm-up" if rss.available else "unavailable on this platform",
+        "memory_method": "peak_mib = retained_mib (RSS growth from before the row was built to after its "
+        "warm-up) + extra.call_peak_mib (peak RSS above the pre-call RSS over 3 steady-state calls, sampled "
+        "every 0.2 ms from /proc/self/statm); readings after gc.collect() and malloc_trim(0)"
+        if rss.available else "unavailable on this platform",
         "time_unit": "ms per call (median and p90 over the timed calls, after warm-up)",
     }
     return rows, meta
@@ -829,7 +838,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(format_targets(targets))
     print(f"threads={meta['threads']}  torch {meta['versions'].get('torch')}  onnxruntime "
-          f"{meta['versions'].get('onnxruntime')}  wall {meta['wall_s']:.0f} s")
+          f"{meta['versions'].get('onnxruntime')}  wall {meta['wall_s']:.0f} s  load average "
+          f"{' '.join(f'{x:.1f}' for x in meta['load_average'] or [])}")
     if args.json_path:
         path = Path(args.json_path)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -48,6 +48,7 @@ def test_inputs_and_outputs_cross_without_copy(monkeypatch):
         def __getattr__(self, item):
             return getattr(real_binding, item)
 
+    runner._binding()  # per-thread state first, then the spy in place of the binding
     runner._local.binding = Spy()
     x = torch.arange(4, dtype=torch.float32)
     (out,) = runner.run([x])

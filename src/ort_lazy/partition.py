@@ -388,7 +388,10 @@ def compile_graph(
 
     unsupported = sum(1 for r in reasons.values() if r is not None)
     whole_graph = unsupported == 0 and len(kept) == 1
-    spinning = options.allow_spinning if options.allow_spinning is not None else whole_graph
+    # Spinning pays only when ORT runs back to back: whole-graph inference. Training graphs
+    # always have PyTorch work (loss, autograd, optimizer) between them, which spinning
+    # ORT threads would starve.
+    spinning = options.allow_spinning if options.allow_spinning is not None else (whole_graph and tag == "inference")
 
     frozen: dict[str, torch.Tensor] = {}  # by placeholder name (fusing may copy the nodes)
     if constants:
@@ -416,6 +419,8 @@ def compile_graph(
             region.report = entry
             region.record = record
             setattr(fused, name, region)
+            # call the region's forward directly: skips nn.Module.__call__ (hooks) per call
+            node.op, node.target = "call_function", region.forward
         else:
             for op in ops:
                 _mark(record, op, Reason.EXPORT_FAILED + " / " + Reason.ORT_FAILED)

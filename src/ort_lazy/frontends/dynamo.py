@@ -8,6 +8,7 @@ to :func:`ort_lazy.partition.compile_graph`.
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -17,7 +18,7 @@ import torch.fx
 from .. import _compat, metrics
 from ..lowering import lower_fast_paths
 from ..options import Options
-from ..partition import compile_graph
+from ..partition import OrtRegion, compile_graph
 from ..runtime.flavour import OrtUnavailableError
 
 __all__ = ["ort_backend", "make_backend", "compile"]
@@ -34,6 +35,9 @@ def _aot_compiler(options: Options, tag: str, frozen: dict[int, torch.Tensor] | 
             metrics.increment("export_failures")
             metrics.warn_once(f"compile:{tag}:{type(e).__name__}", "ort-lazy: compiling the %s graph failed, it runs in PyTorch: %s", tag, e)
             forward = gm.forward
+        direct = _direct_call(forward)
+        if direct is not None:
+            return direct
 
         def run(args: list[Any]) -> Any:
             # Boxed calling convention: the list is cleared so inputs are freed early.
@@ -45,6 +49,51 @@ def _aot_compiler(options: Options, tag: str, frozen: dict[int, torch.Tensor] | 
         return run
 
     return compiler
+
+
+def _direct_call(forward: Callable[..., Any]) -> Callable[..., Any] | None:
+    """A boxed call straight into the ORT region when one region is the whole graph.
+
+    Skips the FX module's generated code and tuple plumbing on every call; None when the graph
+    has anything else in it (PyTorch ops, reordered or repeated outputs).
+    """
+    gm = getattr(forward, "__self__", None)
+    if not isinstance(gm, torch.fx.GraphModule):
+        return None
+    nodes = list(gm.graph.nodes)
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    calls = [n for n in nodes if n.op not in ("placeholder", "output")]
+    region_calls = [n for n in calls if n.op == "call_function" and isinstance(getattr(n.target, "__self__", None), OrtRegion)]
+    if len(region_calls) != 1:
+        return None
+    call = region_calls[0]
+    region = call.target.__self__
+    if region.runner is None or call.kwargs or any(a not in placeholders for a in call.args):
+        return None
+    out = nodes[-1].args[0]
+    if not isinstance(out, (tuple, list)):
+        return None
+    getitems = [n for n in calls if n is not call]
+    if region.tuple_output:
+        # outputs must be the region's own, each once, in order
+        if any(n.target is not operator.getitem or n.args[0] is not call for n in getitems):
+            return None
+        if list(out) != getitems or [n.args[1] for n in getitems] != list(range(len(region.runner.model.output_names))):
+            return None
+    elif getitems or list(out) != [call]:
+        return None
+    index = [placeholders.index(a) for a in call.args]
+    run_region = region.forward
+    single = not region.tuple_output
+
+    def run(args: list[Any]) -> Any:
+        call_args = [args[i] for i in index]
+        args.clear()
+        result = run_region(*call_args)
+        return (result,) if single else result
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run
 
 
 def _frozen_for(gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor]) -> dict[int, torch.Tensor] | None:

@@ -116,7 +116,11 @@ def _support(key: str, op: str, overload: str, inputs: Sequence[Any]) -> bool:
 
 def _reason(op: str, overload: str, inputs: Sequence[Any], options: Options) -> str | None:
     from .. import support
+    from ..export.torchscript import _COPY_TO_VIEW
 
+    # The exporter rewrites functionalized ``*_copy`` ops to their views (same values), so
+    # they are supported exactly when the view op is.
+    op = _COPY_TO_VIEW.get(op, op)
     namespace, name = op.split("::", 1)
     try:
         target = getattr(getattr(getattr(torch.ops, namespace), name), overload or "default")

@@ -1,0 +1,98 @@
+"""Smoke test of the benchmark suite: it runs, writes a complete JSON and a chart, survives failures.
+
+Speed is never asserted here; only that every row was measured and its figures are sane.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench.py"
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("ort_lazy_bench", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def test_quick_suite_writes_json_and_chart(bench: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    json_path, png_path = tmp_path / "out" / "bench.json", tmp_path / "out" / "bench.png"
+    rc = bench.main([
+        "--models", "seed,mlp", "--modes", "inference,train", "--backends", "eager,ort,floor",
+        "--quick", "--json", str(json_path), "--png", str(png_path),
+    ])
+    printed = capsys.readouterr().out
+    assert rc == 0, printed
+
+    data = json.loads(json_path.read_text(encoding="utf-8"))
+    rows = {(r["model"], r["mode"], r["backend"]): r for r in data["rows"]}
+    expected = {
+        (m, "inference", b) for m in ("seed", "mlp") for b in ("eager", "ort", "floor")
+    } | {(m, "train", b) for m in ("seed", "mlp") for b in ("eager", "ort")}
+    assert set(rows) == expected
+    for key, row in rows.items():
+        assert row["status"] == "ok", (key, row["error"])
+        assert row["calls"] >= 5, key
+        for field in ("median_ms", "p90_ms", "first_call_s"):
+            assert _finite(row[field]), (key, field, row[field])
+        assert row["p90_ms"] >= row["median_ms"], key
+        if row["backend"] != "eager":
+            assert _finite(row["vs_eager"]), key
+            diff = row["max_abs_diff"]
+            assert diff is not None and diff < 1e-3, (key, diff)
+        if row["backend"] == "ort" and row["mode"] == "inference":
+            assert _finite(row["vs_floor"]), key
+            assert row["extra"]["regions_on_ort"] >= 1, key
+        if row["backend"] == "floor":
+            assert row["extra"]["floor_source"] == "ort-lazy graph", row["note"]
+    assert data["meta"]["threads"] >= 1
+    assert data["meta"]["versions"]["torch"]
+
+    # The terminal table names every row.
+    for model, mode, backend in expected:
+        assert any(line.split()[:3] == [model, mode, backend] for line in printed.splitlines()), (model, mode, backend)
+
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_failing_backend_is_reported_and_run_continues(bench: ModuleType, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(case: object) -> object:
+        raise RuntimeError("backend exploded")
+
+    backends = dict(bench.BACKENDS)
+    backends["broken"] = bench.Backend("broken", ("inference",), broken)
+    monkeypatch.setattr(bench, "BACKENDS", backends)
+    json_path = tmp_path / "bench.json"
+    rc = bench.main([
+        "--models", "seed", "--modes", "inference", "--backends", "broken,eager,ort", "--quick",
+        "--no-memory", "--json", str(json_path), "--png", "",
+    ])
+    assert rc == 1
+    rows = {r["backend"]: r for r in json.loads(json_path.read_text(encoding="utf-8"))["rows"]}
+    assert rows["broken"]["status"] == "error"
+    assert "backend exploded" in rows["broken"]["error"]
+    assert rows["eager"]["status"] == "ok" and rows["ort"]["status"] == "ok"
+    assert _finite(rows["ort"]["vs_eager"])
+
+
+def test_unknown_model_is_rejected(bench: ModuleType) -> None:
+    with pytest.raises(SystemExit, match="unknown model"):
+        bench.main(["--models", "nope", "--json", "", "--png", ""])
