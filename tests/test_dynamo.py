@@ -254,3 +254,22 @@ def test_freeze_weights_is_not_used_for_training():
     torch.manual_seed(0)
     train_parity(lambda: MLP(width=16, depth=1, out=4), (torch.randn(3, 16),), steps=2, freeze_weights=True)
     assert_ran_on_ort()
+
+
+def test_no_grad_graphs_skip_aotautograd_and_keep_input_mutations():
+    def f(x, buf):
+        buf.add_(1)  # an in-place update of an input, kept in PyTorch
+        return torch.relu(x) * buf
+
+    x = torch.randn(5)
+    buf_ref, buf_ort = torch.zeros(5), torch.zeros(5)
+    compiled = compile_ort(f)
+    with torch.no_grad():
+        expected = f(x, buf_ref)
+        actual = compiled(x, buf_ort)
+        assert_close(actual, expected)
+        assert torch.equal(buf_ort, buf_ref)
+        compiled(x, buf_ort)
+    assert buf_ort.tolist() == [2.0] * 5
+    assert_ran_on_ort(2)
+    assert metrics.counters()["graphs_compiled"] == 1

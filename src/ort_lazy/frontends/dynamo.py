@@ -8,6 +8,7 @@ to :func:`ort_lazy.partition.compile_graph`.
 from __future__ import annotations
 
 import functools
+import logging
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -22,6 +23,8 @@ from ..partition import OrtRegion, compile_graph
 from ..runtime.flavour import OrtUnavailableError
 
 __all__ = ["ort_backend", "make_backend", "compile"]
+
+logger = logging.getLogger("ort_lazy")
 
 
 def _aot_compiler(options: Options, tag: str, frozen: dict[int, torch.Tensor] | None = None) -> Callable[..., Any]:
@@ -137,12 +140,55 @@ def _compile_dynamo_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any
         decompositions=_compat.decomposition_table(opts.cache_dir),
         keep_inference_input_mutations=True,
     )
+    if not torch.is_grad_enabled() and isinstance(gm, torch.fx.GraphModule):
+        # Dynamo guards on grad mode, so this graph only ever runs without autograd: lower it
+        # to aten directly and skip AOTAutograd's per-call runtime wrappers.
+        inference = _inference_graph(gm, example_inputs, opts, frozen)
+        if inference is not None:
+            return inference
     # Attention traced through the math path: its backward is ordinary ops ORT runs, where the
     # fused CPU kernel's backward has no ONNX mapping (and its logsumexp translation is wrong).
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     with sdpa_kernel([SDPBackend.MATH]):
         return aot(gm, example_inputs)
+
+
+def _inference_graph(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], opts: Options, frozen: dict[int, torch.Tensor] | None
+) -> Callable[..., Any] | None:
+    """Compile a no-grad dynamo graph without AOTAutograd; None when it cannot be lowered so."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    fake_args = [n.meta.get("example_value") for n in placeholders]
+    if any(a is None for a in fake_args) or len(fake_args) != len(example_inputs):
+        return None
+    # the mode dynamo made the graph's example values with (not necessarily the tracing
+    # context's, which detect_fake_mode would prefer)
+    modes = {id(a.fake_mode): a.fake_mode for a in fake_args if hasattr(a, "fake_mode")}
+    if len(modes) != 1:
+        return None
+    (fake_mode,) = modes.values()
+    try:
+        with fake_mode, torch.no_grad():
+            aten = make_fx(
+                torch.func.functionalize(gm, remove="mutations"),
+                decomposition_table=_compat.decomposition_table(opts.cache_dir),
+            )(*fake_args)
+    except Exception as e:  # anything unusual goes through AOTAutograd as usual
+        logger.debug("ort-lazy: direct inference lowering failed (%s); using AOTAutograd", e)
+        return None
+    from torch._guards import TracingContext, tracing
+
+    # passes that look up the fake mode through the tracing context must find this graph's
+    with tracing(TracingContext(fake_mode)):
+        compiled = _aot_compiler(opts, "inference", frozen)(aten, fake_args)
+
+    def run(*args: Any) -> Any:
+        return compiled(list(args))
+
+    return run
 
 
 def ort_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Mapping[str, Any] | Options | None = None) -> Callable[..., Any]:
