@@ -18,22 +18,13 @@ import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-import numpy as np
 import torch
+
+# the element types ort-lazy binds with (one table for both)
+from ort_lazy.runtime.session import _NUMPY_TYPES
 
 __all__ = ["CapturedCall", "FloorRunner", "capture_regions", "export_floor", "recording"]
 
-_NUMPY_TYPES: dict[torch.dtype, Any] = {
-    torch.float32: np.float32,
-    torch.float64: np.float64,
-    torch.float16: np.float16,
-    torch.int64: np.int64,
-    torch.int32: np.int32,
-    torch.int16: np.int16,
-    torch.int8: np.int8,
-    torch.uint8: np.uint8,
-    torch.bool: np.bool_,
-}
 
 
 @dataclasses.dataclass

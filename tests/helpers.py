@@ -78,3 +78,17 @@ def train_parity(
         opt_ort.step()
     for p_ref, p_ort in zip(ref.parameters(), ort_model.parameters()):
         assert_close(p_ort.detach(), p_ref.detach(), rtol, atol)
+
+
+def bridge_marks() -> list[Any]:
+    """pytest marks for tests needing the compiled bridge: skipped, with the reason, when not built."""
+    import pytest
+
+    from ort_lazy.frontends import jit as jit_frontend
+
+    try:
+        jit_frontend.load_bridge()
+        error = None
+    except jit_frontend.BridgeUnavailableError as e:
+        error = str(e)
+    return [pytest.mark.bridge, pytest.mark.skipif(error is not None, reason=f"bridge not built: {error}")]

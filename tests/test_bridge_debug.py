@@ -8,20 +8,11 @@ import onnx
 import pytest
 import torch
 
+from helpers import bridge_marks
 from ort_lazy import metrics
-from ort_lazy.frontends import jit as jit_frontend
 from ort_lazy.runtime import session as session_mod
 
-try:
-    jit_frontend.load_bridge()
-    _BRIDGE_ERROR = None
-except jit_frontend.BridgeUnavailableError as e:
-    _BRIDGE_ERROR = str(e)
-
-pytestmark = [
-    pytest.mark.bridge,
-    pytest.mark.skipif(_BRIDGE_ERROR is not None, reason=f"bridge not built: {_BRIDGE_ERROR}"),
-]
+pytestmark = bridge_marks()
 
 
 def _scripted():
