@@ -175,3 +175,15 @@ def test_eager_errors_are_kept():
 
     with pytest.raises(Exception, match="(?i)shape|size|mat"):
         compile_ort(bad)(torch.randn(2, 3), torch.randn(4, 5))
+
+
+def test_inputs_on_mixed_devices_error_like_eager():
+    def add(x, y):
+        return x + y
+
+    x, y = torch.randn(3), torch.randn(3, device="meta")
+    with pytest.raises(Exception) as eager_error:
+        add(x, y).cpu()
+    with pytest.raises(Exception) as compiled_error:
+        compile_ort(add)(x, y).cpu()
+    assert "device" in str(eager_error.value).lower() and "device" in str(compiled_error.value).lower()
