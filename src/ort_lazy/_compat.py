@@ -61,6 +61,53 @@ def real_tensor_mode() -> Any:
     return unset_fake_temporarily()
 
 
+def aot_autograd(**kwargs: Any) -> Any:
+    """torch's AOTAutograd dynamo backend factory (forward/backward/inference compilers)."""
+    from torch._dynamo.backends.common import aot_autograd as _aot
+
+    return _aot(**kwargs)
+
+
+def tracing_context(fake_mode: Any) -> Any:
+    """A tracing context whose fake mode is ``fake_mode`` (passes look the mode up there)."""
+    from torch._guards import TracingContext, tracing
+
+    return tracing(TracingContext(fake_mode))
+
+
+def new_fake_mode() -> Any:
+    """A fresh FakeTensorMode (meta-only tensors carrying dtype/shape/device)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode()
+
+
+def function_from_graph(name: str, graph: Any) -> Any:
+    """A callable TorchScript function running ``graph``."""
+    return torch._C._create_function_from_graph(name, graph)
+
+
+def init_lazy_ts_backend() -> None:
+    """Initialise LazyTensor's TorchScript backend."""
+    import torch._lazy.ts_backend
+
+    torch._lazy.ts_backend.init()
+
+
+def lazy_backend_registered() -> bool:
+    """Whether a LazyTensor backend is registered in this process."""
+    try:
+        torch._C._lazy._get_default_device_type()
+        return True
+    except RuntimeError:
+        return False
+
+
+def transformer_encoder_fast_path() -> Any:
+    """The fused TransformerEncoderLayer fast-path function dynamo records, if this torch has it."""
+    return getattr(torch, "_transformer_encoder_layer_fwd", None)
+
+
 def torch_version() -> tuple[int, int]:
     """(major, minor) of the running torch."""
     major, minor = torch.__version__.split("+")[0].split(".")[:2]

@@ -14,6 +14,8 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
+from . import _compat
+
 __all__ = ["transformer_encoder_layer", "lower_fast_paths"]
 
 
@@ -72,10 +74,11 @@ def _arg(node: torch.fx.Node, index: int, name: str) -> Any:
 def lower_fast_paths(gm: torch.fx.GraphModule) -> int:
     """Replace fast-path calls in a dynamo graph (in place); returns how many were replaced."""
     replaced = 0
+    fast_path = _compat.transformer_encoder_fast_path()
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
-        if node.target is not torch._transformer_encoder_layer_fwd:
+        if node.target is not fast_path or fast_path is None:
             continue
         if _arg(node, 18, "mask") is not None:
             continue  # masked fast path: left as is (it runs in PyTorch)

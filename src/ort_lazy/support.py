@@ -144,11 +144,9 @@ def op_reason(
     rank and device are read) and Python constants. Front doors without an FX graph (the
     TorchScript bridge) use this, so every front door answers from the same table.
     """
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     graph = torch.fx.Graph()
     counter = [0]
-    mode = FakeTensorMode()
+    mode = _compat.new_fake_mode()
 
     def fake(value: Any) -> Any:
         if not isinstance(value, torch.Tensor):

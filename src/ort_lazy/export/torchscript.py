@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from .. import _compat
 from ..runtime.session import TORCH_TO_ONNX, OrtModel, TensorSpec
 
 __all__ = ["MAX_OPSET", "DEFAULT_OPSET", "TorchScriptExportError", "export_torchscript"]
@@ -63,7 +64,7 @@ def export_torchscript(
     in_names = [f"in_{i}" for i in range(len(args))]
     try:
         with no_fusion(), torch.no_grad():
-            result = torch._C._create_function_from_graph(name, graph.copy())(*args)
+            result = _compat.function_from_graph(name, graph.copy())(*args)
     except Exception as e:
         raise TorchScriptExportError(f"{name}: the subgraph failed to run: {type(e).__name__}: {e}") from e
     outs = result if isinstance(result, tuple) else (result,)
@@ -147,7 +148,7 @@ def _export(
     import onnx
 
     # The exporter rewrites the function's graph in place: give it its own copy.
-    fn = torch._C._create_function_from_graph(name, graph.copy())
+    fn = _compat.function_from_graph(name, graph.copy())
     buf = io.BytesIO()
     previous = torch.get_default_dtype()
     try:

@@ -127,13 +127,11 @@ def _resolve(options: Options | Mapping[str, Any] | None) -> Options:
 
 
 def _compile_dynamo_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], opts: Options) -> Callable[..., Any]:
-    from torch._dynamo.backends.common import aot_autograd
-
     if isinstance(gm, torch.fx.GraphModule):
         lower_fast_paths(gm)
     # Inference only: weights (nn.Parameter inputs) are snapshot into the ONNX models.
     frozen = {i: t for i, t in enumerate(example_inputs) if isinstance(t, torch.nn.Parameter)} if opts.freeze_weights else None
-    aot = aot_autograd(
+    aot = _compat.aot_autograd(
         fw_compiler=_aot_compiler(opts, "forward"),
         bw_compiler=_aot_compiler(opts, "backward"),
         inference_compiler=_aot_compiler(opts, "inference", frozen),
@@ -179,10 +177,8 @@ def _inference_graph(
     except Exception as e:  # anything unusual goes through AOTAutograd as usual
         logger.debug("ort-lazy: direct inference lowering failed (%s); using AOTAutograd", e)
         return None
-    from torch._guards import TracingContext, tracing
-
     # passes that look up the fake mode through the tracing context must find this graph's
-    with tracing(TracingContext(fake_mode)):
+    with _compat.tracing_context(fake_mode):
         compiled = _aot_compiler(opts, "inference", frozen)(aten, fake_args)
 
     def run(*args: Any) -> Any:

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from .. import metrics
+from .. import _compat, metrics
 from ..options import Options
 
 __all__ = ["BridgeUnavailableError", "load_bridge", "bridge_info", "enable", "disable", "is_enabled"]
@@ -262,7 +262,7 @@ class _Group:
         """The ``debug`` run type: run the group in TorchScript too, time it, compare (raises)."""
         from ..debug.compare import compare_outputs
 
-        fn = torch._C._create_function_from_graph(self.name + "_check", self.graph)
+        fn = _compat.function_from_graph(self.name + "_check", self.graph)
         start = time.perf_counter()
         with _no_fusion():
             ref = fn(*tensors)

@@ -10,9 +10,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-import torch
-
-from .. import metrics
+from .. import _compat, metrics
 from ..options import Options
 from . import jit as _jit
 
@@ -41,10 +39,8 @@ def init(**options: Any) -> Options:
         raise _jit.BridgeUnavailableError(f"ort_lazy.lazy.init(): {e}") from e
     with _lock:
         if not _backend_ready:
-            if not _backend_registered():
-                import torch._lazy.ts_backend
-
-                torch._lazy.ts_backend.init()
+            if not _compat.lazy_backend_registered():  # init twice is an error in torch
+                _compat.init_lazy_ts_backend()
             _backend_ready = True
         # add's alpha=1 (and other 0/1 scalars) become constants instead of
         # aten::ScalarImplicit(device data), which would cut every add out of the groups.
@@ -67,15 +63,6 @@ def _warn_if_distributed() -> None:
             "device='lazy' parameters (gloo/NCCL take only CPU/CUDA tensors) and collectives on lazy "
             "tensors do not communicate. Use torch.compile(model, backend='ort') with DDP instead.",
         )
-
-
-def _backend_registered() -> bool:
-    """Whether a LazyTensor backend is already registered (init twice is an error in torch)."""
-    try:
-        torch._C._lazy._get_default_device_type()
-    except RuntimeError:
-        return False
-    return True
 
 
 def clear_cache() -> None:

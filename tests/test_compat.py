@@ -1,0 +1,69 @@
+"""The private torch APIs ort-lazy depends on, all behind ort_lazy._compat, exist and behave."""
+
+from __future__ import annotations
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from ort_lazy import _compat
+
+
+def test_supported_torch_version():
+    assert _compat.torch_version() in _compat.SUPPORTED_TORCH
+    _compat.check_torch_version()
+
+
+def test_registry_and_decompositions():
+    ops = _compat.registered_ops()
+    assert torch.ops.aten.mul.Tensor in ops and torch.ops.aten.addmm.default in ops
+    assert _compat.is_registered(torch.ops.aten.mul.Tensor)
+    # distrusted translations are decomposed instead of translated whole
+    table = _compat.decomposition_table()
+    for op in _compat.distrusted_ops():
+        assert not _compat.is_registered(op)
+        assert op in table
+    assert torch.ops.aten.convolution_backward.default in table  # ort-lazy's own lowering
+    assert torch.ops.aten.mul.Tensor not in table
+
+
+def test_translate_fx_graph_keeps_symbolic_dims():
+    import onnx_ir as ir
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    gm = make_fx(lambda x: torch.relu(x) * 2, tracing_mode="symbolic")(torch.randn(3, 4))
+    del mode
+    model = _compat.new_ir_model("t")
+    _compat.translate_fx_graph(gm.graph, model)
+    _compat.finalize_ir_model(model)
+    proto = ir.serde.serialize_model(model)
+    dims = [d.dim_param for d in proto.graph.input[0].type.tensor_type.shape.dim]
+    assert all(dims), dims  # both dims symbolic
+    assert {n.op_type for n in proto.graph.node} >= {"Relu", "Mul"}
+
+
+def test_fake_mode_tracing_context_and_real_mode():
+    mode = _compat.new_fake_mode()
+    with mode:
+        fake = torch.empty(2, 3)
+    assert type(fake).__name__ == "FakeTensor"
+    with _compat.tracing_context(mode):
+        from torch._guards import detect_fake_mode
+
+        assert detect_fake_mode() is mode
+    real = torch.ones(2)
+    with mode, _compat.real_tensor_mode():
+        assert (real + 1).tolist() == [2.0, 2.0]
+
+
+def _twice_plus_one(x: torch.Tensor) -> torch.Tensor:
+    return x * 2 + 1
+
+
+def test_function_from_graph_and_fast_path_symbol():
+    scripted = torch.jit.script(_twice_plus_one)
+    fn = _compat.function_from_graph("f", scripted.graph.copy())
+    assert fn(torch.ones(2)).tolist() == [3.0, 3.0]
+    assert callable(_compat.transformer_encoder_fast_path())
+    assert isinstance(_compat.lazy_backend_registered(), bool)
