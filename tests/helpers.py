@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -92,3 +93,46 @@ def bridge_marks() -> list[Any]:
     except jit_frontend.BridgeUnavailableError as e:
         error = str(e)
     return [pytest.mark.bridge, pytest.mark.skipif(error is not None, reason=f"bridge not built: {error}")]
+
+
+def run_in_threads(worker: Callable[[int], None], count: int = 8, timeout: float = 300.0) -> None:
+    """Run ``worker(i)`` in ``count`` threads started together; fail on any error or deadlock."""
+    import threading
+
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(count)
+
+    def guarded(i: int) -> None:
+        try:
+            barrier.wait()
+            worker(i)
+        except BaseException as e:  # reported after join
+            errors.append(e)
+
+    threads = [threading.Thread(target=guarded, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=timeout)
+    assert not any(t.is_alive() for t in threads), "deadlock: a worker did not finish"
+    assert not errors, errors[0]
+
+
+@contextlib.contextmanager
+def captured_exports() -> Iterator[list[Any]]:
+    """Collect every OrtModel the dynamo/fx path exports inside the block."""
+    from ort_lazy import partition
+
+    captured: list[Any] = []
+    real = partition.export_graph
+
+    def spy(gm: Any, name: str, constants: Any = None) -> Any:
+        model = real(gm, name, constants)
+        captured.append(model)
+        return model
+
+    partition.export_graph = spy
+    try:
+        yield captured
+    finally:
+        partition.export_graph = real

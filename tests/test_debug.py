@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import ort_lazy
-from helpers import assert_close, assert_ran_on_ort, compile_ort
+from helpers import assert_close, assert_ran_on_ort, captured_exports, compile_ort
 from ort_lazy import cli, metrics
 from ort_lazy.debug.compare import MismatchError
 from ort_lazy.models import SmallCNN
@@ -195,24 +195,10 @@ def test_dynamic_off_exports_one_concrete_model_per_shape():
     model = MLP(width=16, depth=1, out=4).eval()
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="ort", dynamic=True, options={"dynamic": False})
-    captured = []
-    from ort_lazy import partition
-
-    real = partition.export_graph
-
-    def spy(gm, name, constants=None):
-        m = real(gm, name, constants)
-        captured.append(m)
-        return m
-
-    partition.export_graph = spy
-    try:
-        with torch.no_grad():
-            for b in (2, 3, 5, 3):
-                x = torch.randn(b, 16)
-                assert_close(compiled(x), model(x))
-    finally:
-        partition.export_graph = real
+    with captured_exports() as captured, torch.no_grad():
+        for b in (2, 3, 5, 3):
+            x = torch.randn(b, 16)
+            assert_close(compiled(x), model(x))
     concrete = [m for m in captured if all(s.static for s in m.input_specs)]
     assert len(concrete) == 3  # batch 3 the second time reuses its model
     for m in concrete:

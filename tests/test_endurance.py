@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import gc
 import os
-import threading
 
 import pytest
 import torch
 
-from helpers import assert_ran_on_ort, compile_ort
+from helpers import assert_ran_on_ort, compile_ort, run_in_threads
 from ort_lazy.models import MLP
 from ort_lazy.runtime.session import session_cache
 
@@ -28,27 +27,14 @@ def test_8_threads_x_500_calls_all_correct():
     compiled = compile_ort(model)
     with torch.no_grad():
         compiled(torch.randn(4, 32))
-    errors: list[BaseException] = []
-    start = threading.Barrier(8)
-
     def worker(seed: int) -> None:
         g = torch.Generator().manual_seed(seed)
-        try:
-            start.wait()
-            with torch.no_grad():
-                for i in range(500):
-                    x = torch.randn(4, 32, generator=g) * (1 + i % 3)
-                    torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
-        except BaseException as e:  # reported after join
-            errors.append(e)
+        with torch.no_grad():
+            for i in range(500):
+                x = torch.randn(4, 32, generator=g) * (1 + i % 3)
+                torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
 
-    threads = [threading.Thread(target=worker, args=(s,)) for s in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
-    assert not any(t.is_alive() for t in threads), "deadlock: a worker did not finish"
-    assert not errors, errors[0]
+    run_in_threads(worker)
     assert_ran_on_ort(8 * 500)
 
 

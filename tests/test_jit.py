@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 
-from helpers import bridge_marks
+from helpers import bridge_marks, run_in_threads
 from ort_lazy import metrics
 
 pytestmark = bridge_marks()
@@ -229,30 +229,15 @@ def test_disable_and_context_manager():
 @pytest.mark.slow
 def test_8_threads_x_500_calls_through_the_bridge(ort_jit):
     """The C++ operator takes the GIL to call ORT: many threads at once stay correct, no deadlock."""
-    import threading
-
     fn = _fresh_seed()
     x0 = torch.tensor([1.0, 2.0, 3.0, 4.0])
     for _ in range(3):  # profiling runs, then the fused plan
         fn(x0)
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(8)
-
     def worker(seed: int) -> None:
         g = torch.Generator().manual_seed(seed)
-        try:
-            barrier.wait()
-            for _ in range(500):
-                x = torch.rand(4, generator=g) + 0.5
-                torch.testing.assert_close(fn(x), _seed(x))
-        except BaseException as e:  # reported after join
-            errors.append(e)
+        for _ in range(500):
+            x = torch.rand(4, generator=g) + 0.5
+            torch.testing.assert_close(fn(x), _seed(x))
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
-    assert not any(t.is_alive() for t in threads), "deadlock: a worker did not finish"
-    assert not errors, errors[0]
+    run_in_threads(worker)
     assert metrics.counters()["ort_runs"] >= 8 * 500

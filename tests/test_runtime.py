@@ -8,12 +8,12 @@ import pytest
 import torch
 
 import ort_lazy
-from helpers import assert_close, assert_ran_on_ort, compile_ort
+from helpers import assert_close, assert_ran_on_ort, captured_exports, compile_ort
 from ort_lazy import metrics
 from ort_lazy.export.fx import export_graph
 from ort_lazy.options import Options
 from ort_lazy.runtime import flavour
-from ort_lazy.runtime.session import OrtModel, OrtRunner, SessionCache, TensorSpec
+from ort_lazy.runtime.session import OrtRunner, SessionCache, TensorSpec
 
 
 def _traced(fn, *example):
@@ -172,24 +172,11 @@ def test_symbolic_dims_kept_in_onnx():
     import onnx
 
     model = torch.nn.Linear(4, 2)
-    captured: list[OrtModel] = []
-    from ort_lazy import partition
-
-    real = partition.export_graph
-
-    def spy(gm, name, constants=None):
-        m = real(gm, name, constants)
-        captured.append(m)
-        return m
-
-    partition.export_graph = spy
-    try:
+    with captured_exports() as captured:
         compiled = compile_ort(model)
         with torch.no_grad():
             compiled(torch.randn(2, 4))
             compiled(torch.randn(3, 4))
-    finally:
-        partition.export_graph = real
     dims = onnx.load_from_string(captured[-1].model_bytes).graph.input
     symbolic = [d.dim_param for i in dims for d in i.type.tensor_type.shape.dim if d.dim_param]
     assert symbolic, "the dynamic graph's ONNX model should carry a named batch dim"

@@ -99,18 +99,17 @@ def kernel_registry() -> KernelRegistry:
 
 
 @functools.lru_cache(maxsize=4096)
-def _schema_io(op_type: str, opset: int, domain: str) -> tuple[tuple[str, ...], tuple[str, ...], bool]:
-    """Type-constraint names of a schema's inputs and outputs and whether it expands to a function."""
+def _schema_io(op_type: str, opset: int, domain: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Type-constraint names of a schema's inputs and outputs."""
     import onnx
 
     try:
         schema = onnx.defs.get_schema(op_type, opset, domain)
     except Exception:
-        return (), (), False
+        return (), ()
     ins = tuple(i.type_str for i in schema.inputs)
     outs = tuple(o.type_str for o in schema.outputs)
-    expands = bool(schema.has_function or schema.has_context_dependent_function)
-    return ins, outs, expands
+    return ins, outs
 
 
 def unsupported_nodes(model: object, providers: Sequence[str]) -> list[UnsupportedNode]:
@@ -141,7 +140,7 @@ def unsupported_nodes(model: object, providers: Sequence[str]) -> list[Unsupport
             opset = opsets.get(domain, opsets.get("ai.onnx", 1)) if domain == "" else opsets.get(domain, 1)
             if not registry.knows(domain, node.op_type):  # type: ignore[attr-defined]
                 continue  # function-expanded or unknown: session creation decides
-            ins, outs, _ = _schema_io(node.op_type, opset, domain)  # type: ignore[attr-defined]
+            ins, outs = _schema_io(node.op_type, opset, domain)  # type: ignore[attr-defined]
             bindings: dict[str, str] = {}
             for formal, value in list(zip(ins, node.inputs)) + list(zip(outs, node.outputs)):  # type: ignore[attr-defined]
                 ts = type_str(value)

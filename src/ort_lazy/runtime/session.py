@@ -48,7 +48,6 @@ TORCH_TO_ONNX: dict[torch.dtype, int] = {
     torch.complex128: 15,
     torch.bfloat16: 16,
 }
-ONNX_TO_TORCH = {v: k for k, v in TORCH_TO_ONNX.items()}
 
 # numpy element types for IOBinding; bfloat16 has none and is passed as its ONNX enum.
 _NUMPY_TYPES: dict[torch.dtype, Any] = {
