@@ -767,7 +767,8 @@ def run_suite(args: argparse.Namespace, log: Callable[[str], None]) -> tuple[lis
             raise SystemExit("--threads must be >= 1")
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
-    ort_options: dict[str, Any] = {"session_options": {"intra_op_num_threads": threads}}
+    # ort-lazy follows torch's thread count itself (and uses one thread for small regions)
+    ort_options: dict[str, Any] = {}
     _configure_torch(args.inductor_cache)
     rss = _Rss()
     started = time.perf_counter()

@@ -209,22 +209,27 @@ torch.library.impl(_lib, "twice", "CompositeExplicitAutograd")(lambda x: x * 2)
 torch.library.register_fake("ortlazy_rt::twice")(lambda x: torch.empty_like(x))
 
 
-def test_spinning_off_when_graph_interleaves_torch_and_ort():
+def _config(sess, key):
+    return sess.get_session_options().get_session_config_entry(key)
+
+
+def test_spinning_within_runs_parked_after_each_run():
     def f(x):
         return torch.ops.ortlazy_rt.twice(torch.relu(x)).sum()
 
     compile_ort(f)(torch.randn(8))
-    runners = [s for s in _sessions()]
-    assert runners, "expected an ORT session"
-    for sess in runners:
-        assert sess.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    sessions = _sessions()
+    assert sessions, "expected an ORT session"
+    for sess in sessions:
+        assert _config(sess, "session.intra_op.allow_spinning") == "1"
+        assert _config(sess, "session.force_spinning_stop") == "1"
 
 
-def test_spinning_on_when_ort_runs_whole_graph():
-    compile_ort(lambda x: torch.relu(x) + 1)(torch.randn(8))
+def test_spinning_can_be_turned_off():
+    compile_ort(lambda x: torch.relu(x) + 1, allow_spinning=False)(torch.randn(8))
     sessions = _sessions()
     assert len(sessions) == 1
-    assert sessions[0].get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "1"
+    assert _config(sessions[0], "session.intra_op.allow_spinning") == "0"
 
 
 def _sessions():

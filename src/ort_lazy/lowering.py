@@ -1,9 +1,12 @@
-"""Rewrites of fused PyTorch fast-path ops that have no ONNX mapping into plain ops.
+"""Rewrites into ops ORT runs well.
 
 ``nn.TransformerEncoderLayer`` in eval / no-grad takes a fused fast path
 (``torch._transformer_encoder_layer_fwd``) that the exporter cannot translate. Dynamo records it
 in the graph; before AOTAutograd lowers the graph, each such call is replaced by the same
 computation written with ordinary functional ops, which then runs on ORT.
+
+:data:`DECOMPOSITIONS` replaces ops whose ONNX translation is missing or slow in ORT by exact
+equivalents made of cheap ops (concatenations and slices instead of scatters).
 """
 
 from __future__ import annotations
@@ -141,5 +144,116 @@ def convolution_backward(
     return grad_input, grad_weight, grad_bias
 
 
+def _concrete(*values: Any) -> bool:
+    return all(isinstance(v, int) for v in values)
+
+
+def _cat_into(base: torch.Tensor | None, like: torch.Tensor, sizes: Any, dim: int, start: Any, src: torch.Tensor) -> torch.Tensor:
+    """``base`` (zeros of ``sizes`` when None) with ``src`` written at ``start`` along ``dim``.
+
+    Built as one concatenation of [before, src, after]: ORT copies memory for it, where the
+    exporter's scatter translations (ScatterElements with an index tensor) cost ~10x more.
+    """
+    size = sizes[dim]
+    length = src.shape[dim]
+    rest = size - start - length
+
+    def piece(offset: Any, count: Any) -> torch.Tensor:
+        if base is not None:
+            return base.narrow(dim, offset, count)
+        shape = list(sizes)
+        shape[dim] = count
+        return like.new_zeros(shape)
+
+    pieces = []
+    if not (_concrete(start) and start == 0):
+        pieces.append(piece(0, start))
+    pieces.append(src)
+    if not (_concrete(rest) and rest == 0):
+        pieces.append(piece(start + length, rest))
+    if len(pieces) == 1:
+        return src.clone()
+    return torch.cat(pieces, dim)
+
+
+def _slice_start(start: Any, size: Any) -> Any:
+    """``start`` of ``x[start:]`` along a dim of ``size`` as aten normalizes it, or None if unknown."""
+    if start is None:
+        return 0
+    if not _concrete(start, size):
+        return None
+    if start < 0:
+        start += size
+    return min(max(start, 0), size)
+
+
+def select_scatter(base: torch.Tensor, src: torch.Tensor, dim: int, index: int) -> Any:
+    """``aten.select_scatter`` as a concatenation (exact)."""
+    dim %= base.dim()
+    if not _concrete(index):
+        return NotImplemented
+    if index < 0:
+        index += base.shape[dim]
+    return _cat_into(base, base, base.shape, dim, index, src.unsqueeze(dim))
+
+
+def select_backward(grad: torch.Tensor, input_sizes: list[int], dim: int, index: int) -> Any:
+    """``aten.select_backward``: ``grad`` placed between zeros (exact)."""
+    dim %= len(input_sizes)
+    if not _concrete(index):
+        return NotImplemented
+    if index < 0:
+        index += input_sizes[dim]
+    return _cat_into(None, grad, input_sizes, dim, index, grad.unsqueeze(dim))
+
+
+def slice_scatter(base: torch.Tensor, src: torch.Tensor, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> Any:
+    """``aten.slice_scatter`` with step 1 as a concatenation (exact); other steps unchanged."""
+    dim %= base.dim()
+    begin = _slice_start(start, base.shape[dim])
+    if step != 1 or begin is None:
+        return NotImplemented
+    return _cat_into(base, base, base.shape, dim, begin, src)
+
+
+def slice_backward(grad: torch.Tensor, input_sizes: list[int], dim: int, start: Any, end: Any, step: int) -> Any:
+    """``aten.slice_backward`` with step 1: ``grad`` placed between zeros (exact)."""
+    dim %= len(input_sizes)
+    begin = _slice_start(start, input_sizes[dim])
+    if step != 1 or begin is None:
+        return NotImplemented
+    return _cat_into(None, grad, input_sizes, dim, begin, grad)
+
+
+def split(x: torch.Tensor, split_size: int, dim: int = 0) -> Any:
+    """``aten.split.Tensor`` as slices (the exporter's SplitToSequence + SequenceAt is slower)."""
+    dim %= x.dim()
+    size = x.shape[dim]
+    if not _concrete(split_size, size) or split_size <= 0:
+        return NotImplemented
+    return [x.narrow(dim, i, min(split_size, size - i)) for i in range(0, size, split_size)] or [x]
+
+
+def safe_softmax(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``aten._safe_softmax``: softmax, 0 on rows that are all ``-inf`` (exact).
+
+    Same as torch's decomposition with a scalar zero in place of ``zeros_like(out)``, so ORT
+    neither allocates nor reads a full tensor of zeros.
+    """
+    out = torch.softmax(x, dim=dim, dtype=dtype)
+    masked_rows = torch.all(x.eq(float("-inf")), dim=dim, keepdim=True)
+    return torch.where(masked_rows, out.new_zeros(()), out)
+
+
+_aten = torch.ops.aten
+
 #: Extra decompositions added to the exporter's table (op -> implementation in ORT-friendly ops).
-DECOMPOSITIONS = {torch.ops.aten.convolution_backward.default: convolution_backward}
+DECOMPOSITIONS = {
+    _aten.convolution_backward.default: convolution_backward,
+    _aten.select_scatter.default: select_scatter,
+    _aten.select_backward.default: select_backward,
+    _aten.slice_scatter.default: slice_scatter,
+    _aten.slice_backward.default: slice_backward,
+    _aten.split.Tensor: split,
+    _aten._safe_softmax.default: safe_softmax,
+}

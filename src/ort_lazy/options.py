@@ -72,8 +72,9 @@ class Options:
         run_type: ``ort``, ``pytorch`` or ``debug`` (see :data:`RUN_TYPES`).
         rtol: relative tolerance used by the ``debug`` run type.
         atol: absolute tolerance used by the ``debug`` run type.
-        allow_spinning: ORT intra-op thread spinning. ``None`` disables it when a graph
-            interleaves ORT and PyTorch work, enables it when ORT runs the whole graph.
+        allow_spinning: ORT intra-op thread spinning. ``None`` (default): threads spin within
+            a run and park when it ends, so PyTorch work between runs is not starved;
+            ``False`` never spins; ``True`` is the same as ``None``.
         dump_dir: when set, every compiled region writes its ONNX model, source graph and
             input schema there.
         cache_dir: when set, exported ONNX models persist there across processes.

@@ -142,7 +142,11 @@ class OrtRegion(torch.nn.Module):
 
             concrete = make_fx(self.torch_module, tracing_mode="fake")(*self._full_args(args))
             model = export_graph(concrete, f"{self.name}_{len(self._per_shape)}", self.constants or None)
-            runner = OrtRunner(model, self.options, graph_device(concrete), spinning=self.runner.spinning if self.runner else False)
+            runner = OrtRunner(
+                model, self.options, graph_device(concrete),
+                spinning=self.runner.spinning if self.runner else True,
+                threads=self.runner.threads if self.runner else None,
+            )
         except Exception as e:  # this shape runs in PyTorch; others may still run on ORT
             metrics.increment("export_failures")
             metrics.warn_once(f"shape:{self.name}:{e}", "ort-lazy: %s for shapes %s runs in PyTorch: %s", self.name, key, e)
@@ -234,6 +238,54 @@ def _copy_placeholder_meta(parent: torch.fx.GraphModule, name: str) -> torch.fx.
     return sub
 
 
+#: Regions estimated below this many floating-point operations per call run on one ORT thread:
+#: waking a second thread costs more than it saves (MLP 3x256, batch 32: 0.21 -> 0.17 ms/call on
+#: 2 cores), and it competes with the caller's Python and PyTorch work.
+SMALL_REGION_FLOPS = 16e6
+
+_MATMULS = {"aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm"}
+
+
+def estimated_flops(gm: torch.fx.GraphModule) -> float | None:
+    """Rough floating-point work of one call of ``gm``: 2*M*N*K per matmul, 2*MACs per
+    convolution, one per output element elsewhere; None when a shape is symbolic."""
+    total = 0.0
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target is operator.getitem:
+            continue
+        val = node.meta.get("val")
+        outs = val if isinstance(val, (tuple, list)) else (val,)
+        numel = 0
+        for o in outs:
+            if isinstance(o, torch.Tensor):
+                if not all(isinstance(d, int) for d in o.shape):
+                    return None
+                numel += o.numel()
+        name = op_name(node.target) if isinstance(node.target, torch._ops.OpOverload) else ""
+        base = name.rsplit(".", 1)[0]
+        if base in _MATMULS:
+            a = node.args[1 if base in ("aten.addmm", "aten.baddbmm") else 0]
+            k = a.meta["val"].shape[-1] if isinstance(a, torch.fx.Node) and isinstance(a.meta.get("val"), torch.Tensor) else 1
+            if not isinstance(k, int):
+                return None
+            total += 2.0 * numel * k
+        elif base == "aten.convolution":
+            w = node.args[1].meta.get("val") if isinstance(node.args[1], torch.fx.Node) else None
+            macs = w[0].numel() if isinstance(w, torch.Tensor) and w.dim() > 1 else 1
+            total += 2.0 * numel * macs
+        else:
+            total += numel
+    return total
+
+
+def region_threads(gm: torch.fx.GraphModule) -> int | None:
+    """ORT intra-op threads for a region: 1 for small ones, None (PyTorch's count) otherwise."""
+    if graph_device(gm).type != "cpu":
+        return None
+    flops = estimated_flops(gm)
+    return 1 if flops is not None and flops < SMALL_REGION_FLOPS else None
+
+
 def _tuple_output(gm: torch.fx.GraphModule) -> bool:
     out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     return isinstance(out.args[0], (tuple, list))
@@ -265,7 +317,7 @@ def _make_region(
         except OSError as e:
             metrics.warn_once(f"dump:{options.dump_dir}", "ort-lazy: cannot write dumps to %s: %s", options.dump_dir, e)
     try:
-        runner = OrtRunner(model, options, device, spinning=spinning)
+        runner = OrtRunner(model, options, device, spinning=spinning, threads=region_threads(sub))
     except Exception as e:  # session creation faults (bad model, missing kernel, provider) fall back
         metrics.increment("ort_failures")
         _fallback_region(sub, Reason.ORT_FAILED)
@@ -386,13 +438,9 @@ def compile_graph(
         _finish(record, start)
         return gm
 
-    unsupported = sum(1 for r in reasons.values() if r is not None)
-    whole_graph = unsupported == 0 and len(kept) == 1
-    # Spinning pays only when ORT runs back to back: whole-graph inference. Training graphs
-    # always have PyTorch work (loss, autograd, optimizer) between them, which spinning
-    # ORT threads would starve.
-    spinning = options.allow_spinning if options.allow_spinning is not None else (whole_graph and tag == "inference")
-
+    # ORT's threads spin within a run and park when it ends (force_spinning_stop), so PyTorch
+    # work between runs is not starved; measured faster than never spinning, alone or mixed
+    spinning = options.allow_spinning if options.allow_spinning is not None else True
     frozen: dict[str, torch.Tensor] = {}  # by placeholder name (fusing may copy the nodes)
     if constants:
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]

@@ -232,7 +232,7 @@ class _Group:
             except OSError as e:
                 metrics.warn_once(f"dump:{self.options.dump_dir}", "ort-lazy: cannot write dumps: %s", e)
         device = tensors[0].device if tensors else torch.device("cpu")
-        spinning = self.options.allow_spinning if self.options.allow_spinning is not None else False
+        spinning = self.options.allow_spinning if self.options.allow_spinning is not None else True
         try:
             runner = OrtRunner(model, self.options, device, spinning=spinning)
         except OrtRunError as e:

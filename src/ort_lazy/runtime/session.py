@@ -171,10 +171,13 @@ def session_cache(capacity: int | None = None) -> SessionCache:
     return _cache
 
 
-def _session_options(options: Options, spinning: bool) -> Any:
+def _session_options(options: Options, spinning: bool, threads: int | None = None) -> Any:
     ort = onnxruntime()
     so = ort.SessionOptions()
     so.log_severity_level = 3
+    # ORT's intra-op pool follows PyTorch's thread count (torch.set_num_threads), unless the
+    # region asks for fewer or session_options sets it
+    so.intra_op_num_threads = threads if threads is not None else torch.get_num_threads()
     for key, value in options.session_options.items():
         if "." in key:
             so.add_session_config_entry(key, str(value))
@@ -211,7 +214,7 @@ def provider_options_for(provider: str, options: Options, device: torch.device) 
 
 
 def create_session(
-    model: OrtModel, options: Options, device: torch.device, spinning: bool
+    model: OrtModel, options: Options, device: torch.device, spinning: bool, threads: int | None = None
 ) -> tuple[Any, tuple[str, ...]]:
     """Create an ORT session for ``model`` (not cached). Raises :class:`OrtRunError`."""
     ort = onnxruntime()
@@ -228,7 +231,7 @@ def create_session(
     try:
         sess = ort.InferenceSession(
             _clamp_ir_version(model.model_bytes),
-            sess_options=_session_options(options, spinning),
+            sess_options=_session_options(options, spinning, threads),
             providers=list(providers),
             provider_options=provider_opts,
         )
@@ -277,7 +280,11 @@ def _device_key(device: torch.device) -> tuple[str, int]:
 
 
 class OrtRunner:
-    """Runs one :class:`OrtModel` on ORT with torch tensors in and out, without copies."""
+    """Runs one :class:`OrtModel` on ORT with torch tensors in and out, without copies.
+
+    ``spinning``: ORT's threads spin within a run (and park when it ends). ``threads``: ORT
+    intra-op threads on CPU (None: PyTorch's count; ``session_options`` overrides both).
+    """
 
     def __init__(
         self,
@@ -286,20 +293,24 @@ class OrtRunner:
         device: torch.device,
         *,
         spinning: bool = False,
+        threads: int | None = None,
         cache_extra: Hashable = (),
     ) -> None:
         self.model = model
         self.options = options
         self.device = device
         self.spinning = spinning
+        self.threads = threads
         devkey = _device_key(device)
         stream = None
         if device.type == "cuda":
             stream = torch.cuda.current_stream(devkey[1]).cuda_stream
-        key = (model.digest, options.key(), devkey, stream, spinning, cache_extra)
+        if device.type != "cpu":
+            threads = None
+        key = (model.digest, options.key(), devkey, stream, spinning, threads or torch.get_num_threads(), cache_extra)
         cache = session_cache(options.cache_size)
         self.session, self.providers = cache.get_or_create(
-            key, lambda: create_session(model, options, device, spinning)
+            key, lambda: create_session(model, options, device, spinning, threads)
         )
         self._sess = self.session._sess
         ort = onnxruntime()
@@ -351,23 +362,29 @@ class OrtRunner:
     def _run(self, binding: Any, inputs: Sequence[Any]) -> list[torch.Tensor]:
         # Every call rebinds every input and output by name, so earlier bindings are never
         # read again and need no clearing on the hot path.
-        keep: list[torch.Tensor] = []  # alive until the run ends
+        keep: list[torch.Tensor] = []  # converted inputs, alive until the run ends
         bound = self._local.bound
         for i, ((name, spec, element_type), value) in enumerate(zip(self._input_plan, inputs)):
-            if type(value) is not torch.Tensor and not isinstance(value, torch.Tensor):
+            state = bound[i]
+            if state is not None and state[0] == id(value):
+                # the tensor bound last call (a weight): same memory, shape, type and layout
+                # is an identical binding (no reference is kept, so the id is checked with all
+                # of them)
+                if (value.data_ptr() == state[1] and value.shape == state[2] and value.dtype is state[3]
+                        and value.is_contiguous()):
+                    continue
+            if not isinstance(value, torch.Tensor):
                 value = torch.tensor(value, dtype=spec.dtype)
+                keep.append(value)
             elif not value.is_contiguous():
                 value = value.contiguous()
-            keep.append(value)
+                keep.append(value)
             ptr = value.data_ptr() if value.numel() else _data_ptr(value)
-            state = (ptr, value.shape, value.dtype, value.device)
-            if bound[i] == state:
-                continue  # same memory, shape and type (weights): the binding is identical
             if value.dtype is not spec.dtype:
                 element_type = _NUMPY_TYPES[value.dtype]
             dev = self._ort_device if value.is_cuda else self._cpu_device
             binding.bind_input(name, dev, element_type, value.shape, ptr)
-            bound[i] = state
+            bound[i] = (id(value), ptr, value.shape, value.dtype) if value is inputs[i] else None
         outputs: list[torch.Tensor | None] = []
         for name, spec, element_type in self._output_plan:
             if element_type is None:
@@ -380,7 +397,7 @@ class OrtRunner:
         self._sess.run_with_iobinding(binding, self._run_options)
         if self._dynamic_outputs:
             ort_values = binding.get_outputs()
-            dims = _symbol_values(self.model.input_specs, keep)
+            dims = _symbol_values(self.model.input_specs, inputs)
             for i, o in enumerate(outputs):
                 if o is None:
                     spec = self.model.output_specs[i]
@@ -406,7 +423,7 @@ def _symbol_values(specs: Sequence[TensorSpec], inputs: Sequence[torch.Tensor]) 
     """Values of the symbolic dims (``s0`` ...) as bound by this call's inputs."""
     values: dict[int | str, int] = {}
     for spec, value in zip(specs, inputs):
-        for d, n in zip(spec.shape, value.shape):
+        for d, n in zip(spec.shape, getattr(value, "shape", ())):
             if isinstance(d, str):
                 values[d] = n
     return values

@@ -1,0 +1,156 @@
+"""Decompositions into ops ORT runs fast, and the per-region thread choice."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+import torch
+from torch import nn
+
+from helpers import assert_close, assert_ran_on_ort, captured_exports, compile_ort, train_parity
+from ort_lazy import lowering, partition
+
+aten = torch.ops.aten
+
+
+def _ops(models: list) -> set[str]:
+    return {n.op_type for m in models for n in onnx.load_from_string(m.model_bytes).graph.node}
+
+
+@pytest.mark.parametrize(("dim", "index"), [(0, 0), (0, 2), (1, -1), (-1, 1), (2, 3)])
+def test_select_scatter_and_backward_match_aten(dim: int, index: int) -> None:
+    base = torch.randn(3, 4, 5)
+    src = torch.randn_like(base.select(dim, index))
+    expected = aten.select_scatter.default(base, src, dim, index)
+    assert torch.equal(lowering.select_scatter(base, src, dim, index), expected)
+    grad = torch.randn_like(src)
+    expected = aten.select_backward.default(grad, [3, 4, 5], dim, index)
+    assert torch.equal(lowering.select_backward(grad, [3, 4, 5], dim, index), expected)
+
+
+@pytest.mark.parametrize(("dim", "start", "end"), [(0, 0, 2), (1, 1, 3), (2, None, None), (1, -3, 4), (0, 1, 100), (2, 5, 5)])
+def test_slice_scatter_and_backward_match_aten(dim: int, start: int | None, end: int | None) -> None:
+    base = torch.randn(3, 4, 5)
+    sliced = aten.slice.Tensor(base, dim, start, end)
+    src = torch.randn_like(sliced)
+    expected = aten.slice_scatter.default(base, src, dim, start, end)
+    assert torch.equal(lowering.slice_scatter(base, src, dim, start, end), expected)
+    expected = aten.slice_backward.default(src, [3, 4, 5], dim, start if start is not None else 0,
+                                           end if end is not None else 2**62, 1)
+    got = lowering.slice_backward(src, [3, 4, 5], dim, start if start is not None else 0, end if end is not None else 2**62, 1)
+    assert torch.equal(got, expected)
+
+
+def test_strided_slices_are_left_to_torch() -> None:
+    base = torch.randn(6, 4)
+    assert lowering.slice_scatter(base, base[::2], 0, 0, 6, 2) is NotImplemented
+    assert lowering.slice_backward(base[::2], [6, 4], 0, 0, 6, 2) is NotImplemented
+
+
+@pytest.mark.parametrize(("size", "dim"), [(2, 0), (3, 1), (5, -1), (7, 1)])
+def test_split_matches_aten(size: int, dim: int) -> None:
+    x = torch.randn(4, 7, 5)
+    got = lowering.split(x, size, dim)
+    expected = aten.split.Tensor(x, size, dim)
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected):
+        assert torch.equal(a, b)
+
+
+def test_safe_softmax_keeps_fully_masked_rows_zero_and_nan_rows_nan() -> None:
+    x = torch.randn(3, 4)
+    x[0] = float("-inf")
+    x[1, 0] = float("nan")
+    x[2, :2] = float("-inf")
+    got = lowering.safe_softmax(x, -1)
+    expected = torch.ops.aten._safe_softmax.default(x, -1)
+    assert torch.equal(got.isnan(), expected.isnan())
+    assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(expected))
+    assert torch.equal(got[0], torch.zeros(4))
+
+
+class _Pieces(nn.Module):
+    """select, slice, split and unbind of one projection: their backwards scatter into zeros."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 24)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.proj(x).view(x.shape[0], 3, 8)
+        a, b, c = y.unbind(1)
+        head, tail = y[:, :, :3], y[:, 1:, 5:]
+        q, k = y.split([5, 3], dim=-1)
+        return a * b + c.tanh() + head.sum() + tail.mean() + q.sum(-1).mean() * k.mean() + y.select(1, -1)
+
+
+def test_scatter_backwards_run_on_ort_without_scatter_nodes() -> None:
+    x = torch.randn(4, 8)
+    with captured_exports() as models:
+        train_parity(_Pieces, [x], steps=2)
+    assert_ran_on_ort()
+    ops = _ops(models)
+    assert ops and not ops & {"ScatterElements", "ScatterND"}, ops
+
+
+def test_attention_inference_split_and_safe_softmax_on_ort() -> None:
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True).eval()
+    x = torch.randn(2, 6, 32)
+    with torch.no_grad():
+        expected = layer(x)
+        with captured_exports() as models:
+            got = compile_ort(layer)(x)
+    assert_close(got, expected)
+    assert_ran_on_ort()
+    ops = _ops(models)
+    assert "SplitToSequence" not in ops and "ScatterElements" not in ops, ops
+
+
+def _graph(fn, *args) -> torch.fx.GraphModule:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(fn)(*args)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+        FakeTensorProp(gm, mode).propagate(*args)
+    return gm
+
+
+def test_estimated_flops_and_threads() -> None:
+    small = _graph(lambda a, w: torch.relu(a @ w), torch.randn(32, 256), torch.randn(256, 256))
+    # 2*32*256*256 for the matmul + 32*256 for relu
+    assert partition.estimated_flops(small) == 2 * 32 * 256 * 256 + 32 * 256
+    assert partition.region_threads(small) == 1
+    big = _graph(lambda a, w: a @ w, torch.randn(512, 512), torch.randn(512, 512))
+    assert partition.estimated_flops(big) == 2 * 512**3
+    assert partition.region_threads(big) is None
+    conv = _graph(lambda x, w: torch.nn.functional.conv2d(x, w), torch.randn(1, 3, 10, 10), torch.randn(4, 3, 3, 3))
+    assert partition.estimated_flops(conv) == 2 * (4 * 8 * 8) * (3 * 3 * 3)
+
+
+def test_small_region_session_uses_one_thread_and_follows_torch_threads_otherwise() -> None:
+    from ort_lazy.runtime.session import session_cache
+
+    session_cache().clear()
+    compile_ort(lambda x: torch.relu(x) + 1)(torch.randn(8))
+    sessions = [s for s, _ in session_cache()._items.values()]
+    assert [s.get_session_options().intra_op_num_threads for s in sessions] == [1]
+
+    session_cache().clear()
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        w = torch.randn(512, 512)
+        compile_ort(lambda x: torch.relu(x @ w))(torch.randn(512, 512))
+    finally:
+        torch.set_num_threads(old)
+    sessions = [s for s, _ in session_cache()._items.values()]
+    assert [s.get_session_options().intra_op_num_threads for s in sessions] == [2]
+
+    session_cache().clear()
+    compile_ort(lambda x: torch.relu(x) + 1, session_options={"intra_op_num_threads": 3})(torch.randn(8))
+    sessions = [s for s, _ in session_cache()._items.values()]
+    assert [s.get_session_options().intra_op_num_threads for s in sessions] == [3]
