@@ -59,7 +59,7 @@ from _floor import FloorRunner, capture_regions, export_floor  # noqa: E402
 __all__ = ["main", "run_suite", "BACKENDS", "TARGETS", "Row", "Case", "Prepared", "Backend"]
 
 MODES = ("inference", "train")
-DEFAULT_BACKENDS = ("eager", "inductor", "ort", "floor")
+DEFAULT_BACKENDS = ("eager", "dynamo", "inductor", "ort", "floor")
 
 
 # ----------------------------------------------------------------------------- data
@@ -130,6 +130,9 @@ class Row:
     vs_floor: float | None = None
     vs_inductor: float | None = None
     first_vs_inductor: float | None = None
+    #: (first call - dynamo's first call) / (Inductor's first call - dynamo's first call):
+    #: the backend's own compile time against Inductor's, without the trace both share
+    compile_vs_inductor: float | None = None
     note: str = ""
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -192,6 +195,15 @@ def _grad_mode(train: bool) -> contextlib.AbstractContextManager[Any]:
 def _build_eager(case: Case) -> Prepared:
     model = case.fresh_model()
     step = _make_step(case, model, model)
+    first, out = _first_call(case, step)
+    return Prepared(step, first, out)
+
+
+def _build_dynamo(case: Case) -> Prepared:
+    """``torch.compile(backend="eager")``: dynamo's own cost (tracing, guards), shared by every backend."""
+    model = case.fresh_model()
+    compiled = torch.compile(model, backend="eager")
+    step = _make_step(case, compiled, model)
     first, out = _first_call(case, step)
     return Prepared(step, first, out)
 
@@ -264,6 +276,7 @@ def _build_floor(case: Case, freeze: bool = False) -> Prepared:
 #: Every backend the suite knows; tests may add their own.
 BACKENDS: dict[str, Backend] = {
     "eager": Backend("eager", MODES, _build_eager),
+    "dynamo": Backend("dynamo", MODES, _build_dynamo),
     "inductor": Backend("inductor", MODES, _build_inductor),
     "ort": Backend("ort", MODES, _build_ort, floor_of="floor"),
     "ort+freeze": Backend("ort+freeze", ("inference",), lambda c: _build_ort(c, freeze=True), floor_of="floor+freeze"),
@@ -376,6 +389,7 @@ def _prime(backends: Sequence[str], ort_options: dict[str, Any], log: Callable[[
     x = torch.randn(4, 8)
     makers: dict[str, Callable[[torch.nn.Module], Any]] = {
         "inductor": lambda m: torch.compile(m),
+        "dynamo": lambda m: torch.compile(m, backend="eager"),
         "ort": lambda m: torch.compile(m, backend="ort", options=dict(ort_options)),
     }
     for name, make in makers.items():
@@ -531,12 +545,13 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def add_ratios(rows: Sequence[Row]) -> None:
-    """Fill ``vs_eager``, ``vs_floor``, ``vs_inductor`` and ``first_vs_inductor`` in place."""
+    """Fill ``vs_eager``, ``vs_floor``, ``vs_inductor``, ``first_vs_inductor`` and
+    ``compile_vs_inductor`` in place."""
     groups: dict[tuple[str, str], dict[str, Row]] = {}
     for r in rows:
         groups.setdefault((r.model, r.mode), {})[r.backend] = r
     for group in groups.values():
-        eager, inductor = group.get("eager"), group.get("inductor")
+        eager, inductor, dynamo = group.get("eager"), group.get("inductor"), group.get("dynamo")
         for r in group.values():
             if r.status != "ok":
                 continue
@@ -545,6 +560,10 @@ def add_ratios(rows: Sequence[Row]) -> None:
             if inductor is not None and r is not inductor:
                 r.vs_inductor = _ratio(r.median_ms, inductor.median_ms)
                 r.first_vs_inductor = _ratio(r.first_call_s, inductor.first_call_s)
+                compiles = r.backend not in ("eager", "dynamo") and not r.backend.startswith("floor")
+                if compiles and dynamo is not None and dynamo.status == "ok" and inductor.status == "ok":
+                    own = (r.first_call_s or 0.0) - (dynamo.first_call_s or 0.0)
+                    r.compile_vs_inductor = _ratio(max(own, 0.0), (inductor.first_call_s or 0.0) - (dynamo.first_call_s or 0.0))
             backend = BACKENDS.get(r.backend)
             floor_name = backend.floor_of if backend is not None else None
             floor = group.get(floor_name) if floor_name else None
@@ -579,6 +598,10 @@ TARGETS: tuple[Target, ...] = (
     Target("First call vs Inductor's first call (mlp inference)", "mlp", "inference", "ort", "first_vs_inductor", 0.05),
     Target("First call vs Inductor's first call (transformer train)", "transformer", "train", "ort", "first_vs_inductor", 0.05),
     Target("First call vs Inductor's first call (mlp train)", "mlp", "train", "ort", "first_vs_inductor", 0.05),
+    Target("Compile time beyond dynamo's trace vs Inductor's (transformer inference)", "transformer", "inference", "ort", "compile_vs_inductor", 0.05),
+    Target("Compile time beyond dynamo's trace vs Inductor's (mlp inference)", "mlp", "inference", "ort", "compile_vs_inductor", 0.05),
+    Target("Compile time beyond dynamo's trace vs Inductor's (transformer train)", "transformer", "train", "ort", "compile_vs_inductor", 0.05),
+    Target("Compile time beyond dynamo's trace vs Inductor's (mlp train)", "mlp", "train", "ort", "compile_vs_inductor", 0.05),
     Target("Peak memory, TransformerEncoderLayer inference vs eager", "transformer", "inference", "ort", "peak_vs_eager", 1.20),
 )
 
@@ -614,21 +637,21 @@ def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
 def format_table(rows: Sequence[Row]) -> str:
     """The results as a fixed-width text table."""
     header = ("model", "mode", "backend", "median ms", "p90 ms", "first s", "peak MiB",
-              "x eager", "x floor", "x induct", "1st/ind", "max|diff|", "notes")
+              "x eager", "x floor", "x induct", "1st/ind", "cmp/ind", "max|diff|", "notes")
     lines = []
     for r in rows:
         if r.status != "ok":
-            lines.append((r.model, r.mode, r.backend, "-", "-", _fmt(r.first_call_s, ".3f"), "-", "-", "-", "-", "-", "-",
+            lines.append((r.model, r.mode, r.backend, "-", "-", _fmt(r.first_call_s, ".3f"), "-", "-", "-", "-", "-", "-", "-",
                           f"ERROR {(r.error or '')[:90]}"))
             continue
         lines.append((
             r.model, r.mode, r.backend,
             _fmt(r.median_ms, ".3f"), _fmt(r.p90_ms, ".3f"), _fmt(r.first_call_s, ".3f"), _fmt(r.peak_mib, ".1f"),
             _fmt(r.vs_eager, ".2f", "x"), _fmt(r.vs_floor, ".2f", "x"), _fmt(r.vs_inductor, ".2f", "x"),
-            _fmt(r.first_vs_inductor, ".3f", "x"), _fmt(r.max_abs_diff, ".1e"), r.note,
+            _fmt(r.first_vs_inductor, ".3f", "x"), _fmt(r.compile_vs_inductor, ".3f", "x"), _fmt(r.max_abs_diff, ".1e"), r.note,
         ))
     widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h) for i, h in enumerate(header)]
-    right = set(range(3, 12))
+    right = set(range(3, 13))
 
     def render(cells: Sequence[str]) -> str:
         parts = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))]

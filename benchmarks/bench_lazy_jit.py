@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict[str, float]] = {}
     counts: dict[str, dict[str, int]] = {}
     fallbacks: dict[str, dict[str, int]] = {}
-    ort_options = {"session_options": {"intra_op_num_threads": torch.get_num_threads()}}
+    ort_options: dict[str, Any] = {}  # ORT follows torch's thread count itself
 
     def measure(row: str, column: str, step: Callable[[], Any]) -> None:
         metrics.reset()

@@ -96,3 +96,20 @@ def test_failing_backend_is_reported_and_run_continues(bench: ModuleType, tmp_pa
 def test_unknown_model_is_rejected(bench: ModuleType) -> None:
     with pytest.raises(SystemExit, match="unknown model"):
         bench.main(["--models", "nope", "--json", "", "--png", ""])
+
+
+def test_compile_share_excludes_dynamo_trace(bench: ModuleType) -> None:
+    rows = [
+        bench.Row("m", "inference", "eager", median_ms=1.0, first_call_s=0.001),
+        bench.Row("m", "inference", "dynamo", median_ms=1.1, first_call_s=0.1),
+        bench.Row("m", "inference", "inductor", median_ms=0.9, first_call_s=2.1),
+        bench.Row("m", "inference", "ort", median_ms=0.8, first_call_s=0.2),
+        bench.Row("m", "inference", "floor", median_ms=0.7, first_call_s=0.01),
+    ]
+    bench.add_ratios(rows)
+    by = {r.backend: r for r in rows}
+    assert math.isclose(by["ort"].compile_vs_inductor, 0.1 / 2.0)
+    assert math.isclose(by["ort"].first_vs_inductor, 0.2 / 2.1)
+    assert math.isclose(by["dynamo"].vs_eager, 1.1)
+    for name in ("eager", "dynamo", "inductor", "floor"):
+        assert by[name].compile_vs_inductor is None, name
