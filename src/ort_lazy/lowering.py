@@ -235,14 +235,17 @@ def split(x: torch.Tensor, split_size: int, dim: int = 0) -> Any:
 
 
 def safe_softmax(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """``aten._safe_softmax``: softmax, 0 on rows that are all ``-inf`` (exact).
+    """``aten._safe_softmax``: softmax, 0 on rows that are all ``-inf``, NaN rows stay NaN (exact).
 
-    Same as torch's decomposition with a scalar zero in place of ``zeros_like(out)``, so ORT
-    neither allocates nor reads a full tensor of zeros.
+    torch's decomposition compares every element with ``-inf`` and selects with a full-size
+    ``where``, ORT's slowest elementwise kernel. Here only per-row values are compared and
+    selected: a masked row is raised to 0 before the softmax (``maximum`` with a per-row floor
+    of 0 or ``-inf``; NaN propagates) and its uniform result is multiplied by 0.
     """
-    out = torch.softmax(x, dim=dim, dtype=dtype)
-    masked_rows = torch.all(x.eq(float("-inf")), dim=dim, keepdim=True)
-    return torch.where(masked_rows, out.new_zeros(()), out)
+    masked = x.amax(dim, keepdim=True) == float("-inf")
+    floor = torch.where(masked, x.new_zeros(()), x.new_full((), float("-inf")))
+    out = torch.softmax(torch.maximum(x, floor), dim=dim, dtype=dtype)
+    return out * masked.logical_not().to(out.dtype)
 
 
 _aten = torch.ops.aten
