@@ -154,3 +154,55 @@ def test_small_region_session_uses_one_thread_and_follows_torch_threads_otherwis
     compile_ort(lambda x: torch.relu(x) + 1, session_options={"intra_op_num_threads": 3})(torch.randn(8))
     sessions = [s for s, _ in session_cache()._items.values()]
     assert [s.get_session_options().intra_op_num_threads for s in sessions] == [3]
+
+
+def test_cnn_inference_uses_batchnorm_and_index_free_max_pool() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2), nn.MaxPool3d(1)
+    ).eval()
+    model[1].running_mean.uniform_(-1, 1)
+    model[1].running_var.uniform_(0.5, 2)
+    x = torch.randn(2, 3, 16, 16)
+    x[0, 0, 0, 0] = float("nan")
+    with torch.no_grad():
+        expected = model(x)
+        with captured_exports() as models:
+            got = compile_ort(model)(x)
+    assert torch.equal(got.isnan(), expected.isnan())
+    assert_close(torch.nan_to_num(got), torch.nan_to_num(expected))
+    assert_ran_on_ort()
+    graphs = [onnx.load_from_string(m.model_bytes).graph for m in models]
+    nodes = [n for g in graphs for n in g.node]
+    assert any(n.op_type == "BatchNormalization" for n in nodes)
+    pools = [n for n in nodes if n.op_type == "MaxPool"]
+    assert len(pools) == 2 and all(len(n.output) == 1 for n in pools), [list(n.output) for n in pools]
+
+
+def test_max_pool_indices_stay_when_training_reads_them() -> None:
+    model = lambda: nn.Sequential(nn.Conv2d(2, 4, 3), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(36, 3))  # noqa: E731
+    with captured_exports() as models:
+        train_parity(model, [torch.randn(2, 2, 8, 8)], steps=2)
+    assert_ran_on_ort()
+    forward = [onnx.load_from_string(m.model_bytes).graph for m in models if "forward" in m.name]
+    pools = [n for g in forward for n in g.node if n.op_type == "MaxPool"]
+    assert pools and any(len(n.output) == 2 for n in pools)
+
+
+def test_unused_optional_outputs_are_dropped_from_the_onnx_graph() -> None:
+    from onnx import TensorProto, helper
+
+    from ort_lazy.export.fx import _drop_unused_optional_outputs
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 2, 2])
+    i = helper.make_tensor_value_info("i", TensorProto.INT64, [1, 1, 2, 2])
+    unused = helper.make_node("MaxPool", ["x"], ["y", "idx"], kernel_shape=[2, 2], strides=[2, 2])
+    used = helper.make_node("MaxPool", ["x"], ["y2", "i"], kernel_shape=[2, 2], strides=[2, 2])
+    graph = helper.make_graph([unused, used], "g", [x], [y, i])
+    graph.value_info.append(helper.make_tensor_value_info("idx", TensorProto.INT64, [1, 1, 2, 2]))
+    model = helper.make_model(graph)
+    _drop_unused_optional_outputs(model)
+    assert list(model.graph.node[0].output) == ["y"]
+    assert list(model.graph.node[1].output) == ["y2", "i"]
+    assert not [v for v in model.graph.value_info if v.name == "idx"]

@@ -11,6 +11,7 @@ equivalents made of cheap ops (concatenations and slices instead of scatters).
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
@@ -19,7 +20,7 @@ import torch.nn.functional as F
 
 from . import _compat
 
-__all__ = ["transformer_encoder_layer", "lower_fast_paths"]
+__all__ = ["transformer_encoder_layer", "lower_fast_paths", "drop_unused_indices", "DECOMPOSITIONS"]
 
 
 def transformer_encoder_layer(
@@ -248,7 +249,58 @@ def safe_softmax(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) ->
     return out * masked.logical_not().to(out.dtype)
 
 
+def native_batch_norm(
+    x: torch.Tensor, weight: Any, bias: Any, running_mean: Any, running_var: Any, training: bool, momentum: float, eps: float
+) -> Any:
+    """``aten.native_batch_norm``: in eval, the no-training op (one BatchNormalization in ORT);
+    in training, torch's decomposition (the training translation is distrusted)."""
+    if not training and running_mean is not None and running_var is not None:
+        return torch.ops.aten._native_batch_norm_legit_no_training.default(
+            x, weight, bias, running_mean, running_var, momentum, eps
+        )
+    return torch._decomp.decomposition_table[torch.ops.aten.native_batch_norm.default](
+        x, weight, bias, running_mean, running_var, training, momentum, eps
+    )
+
+
 _aten = torch.ops.aten
+
+#: pooling ops with an indices output, and their index-free form
+_POOL_WITHOUT_INDICES = {
+    _aten.max_pool2d_with_indices.default: _aten.max_pool2d.default,
+    _aten.max_pool3d_with_indices.default: _aten.max_pool3d.default,
+}
+
+
+def drop_unused_indices(gm: torch.fx.GraphModule) -> int:
+    """Max pooling with indices becomes plain max pooling where the indices are unused
+    (inference): the exporter computes torch-style indices with a second pooling and index
+    arithmetic otherwise. In place; returns how many were replaced."""
+    replaced = 0
+    for node in list(gm.graph.nodes):
+        plain = _POOL_WITHOUT_INDICES.get(node.target) if node.op == "call_function" else None
+        if plain is None:
+            continue
+        users = list(node.users)
+        if not all(u.op == "call_function" and u.target is operator.getitem for u in users):
+            continue
+        if any(u.args[1] != 0 and u.users for u in users):
+            continue  # the indices are used (training: the backward reads them)
+        val = node.meta.get("val")
+        with gm.graph.inserting_after(node):
+            new = gm.graph.call_function(plain, node.args, node.kwargs)
+        new.meta = dict(node.meta)
+        if isinstance(val, (tuple, list)):
+            new.meta["val"] = val[0]
+        for u in users:
+            u.replace_all_uses_with(new)
+            gm.graph.erase_node(u)
+        gm.graph.erase_node(node)
+        replaced += 1
+    if replaced:
+        gm.recompile()
+    return replaced
+
 
 #: Extra decompositions added to the exporter's table (op -> implementation in ORT-friendly ops).
 DECOMPOSITIONS = {
@@ -259,4 +311,5 @@ DECOMPOSITIONS = {
     _aten.slice_backward.default: slice_backward,
     _aten.split.Tensor: split,
     _aten._safe_softmax.default: safe_softmax,
+    _aten.native_batch_norm.default: native_batch_norm,
 }

@@ -24,6 +24,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 
 from . import _compat, metrics
 from .export.fx import export_graph, spec_of
+from .lowering import drop_unused_indices
 from .options import Options
 from .runtime.session import OrtModel, OrtRunError, OrtRunner, spec_from_json, spec_to_json
 from .support import Reason, op_name, save_support_table, unsupported_reason
@@ -408,6 +409,7 @@ def compile_graph(
     """
     start = time.perf_counter()
     metrics.increment("graphs_compiled")
+    drop_unused_indices(gm)
     device = graph_device(gm)
     providers = options.resolve_providers(device)
     reasons = _node_reasons(gm, options, providers)
