@@ -16,6 +16,7 @@ identical. At the end each rank prints the ort-lazy counters that show ORT ran, 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 from collections.abc import Sequence
@@ -123,11 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         model = make_model(args.model, args.hidden).to(device)
         ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, bucket_cap_mb=args.bucket_cap_mb)
-        options = {}
-        if device.type == "cpu":
-            # torchrun sets OMP_NUM_THREADS=1 per rank; give ORT the same share of the cores.
-            options["session_options"] = {"intra_op_num_threads": torch.get_num_threads()}
-        compiled = torch.compile(ddp, backend="ort", options=options)
+        # ORT's threads follow torch.get_num_threads() (torchrun sets OMP_NUM_THREADS=1 per rank)
+        compiled = torch.compile(ddp, backend="ort")
         opt = torch.optim.SGD(model.parameters(), lr=args.lr)
         if rank == 0:
             print(f"{tag} {world} ranks, {backend}, {device.type}, model {args.model}, {args.steps} steps", flush=True)
@@ -150,6 +148,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         for op, reasons in ort_lazy.metrics.fallbacks().items():
             print(f"{tag}   left to PyTorch: {op} {reasons}", flush=True)
+        # release the compiled graphs and DDP's reference to the process group before it is
+        # destroyed, so no communication thread outlives it into interpreter teardown
+        del compiled, ddp, opt
+        torch._dynamo.reset()
+        gc.collect()
         if c["ort_runs"] == 0:
             print(f"{tag} ORT did not run", file=sys.stderr, flush=True)
             return 1

@@ -7,6 +7,7 @@ ORT allocates them and they cross to torch through DLPack. Either way no output 
 
 from __future__ import annotations
 
+import atexit
 import collections
 import hashlib
 import threading
@@ -162,6 +163,9 @@ class SessionCache:
 
 
 _cache = SessionCache()
+# ORT sessions (and their thread pools) are released while the interpreter is still whole,
+# not during its teardown
+atexit.register(_cache.clear)
 
 
 def session_cache(capacity: int | None = None) -> SessionCache:
