@@ -206,3 +206,27 @@ def test_unused_optional_outputs_are_dropped_from_the_onnx_graph() -> None:
     assert list(model.graph.node[0].output) == ["y"]
     assert list(model.graph.node[1].output) == ["y2", "i"]
     assert not [v for v in model.graph.value_info if v.name == "idx"]
+
+
+@pytest.mark.parametrize(
+    ("shape", "kernel", "stride", "padding", "dilation", "groups"),
+    [
+        ((2, 4, 9, 9), (3, 3), (1, 1), (1, 1), (1, 1), 1),
+        ((2, 4, 10, 11), (3, 2), (2, 3), (1, 0), (1, 1), 2),
+        ((1, 6, 12, 12), (3, 3), (2, 2), (2, 2), (2, 2), 3),
+        ((3, 2, 17), (5,), (2,), (2,), (1,), 1),
+        ((1, 2, 5, 6, 7), (2, 3, 2), (1, 2, 1), (0, 1, 1), (1, 1, 2), 2),
+        ((2, 3, 12, 12), (8, 8), (1, 1), (0, 0), (1, 1), 1),  # 64 taps: correlation path
+    ],
+)
+def test_convolution_backward_matches_aten(shape, kernel, stride, padding, dilation, groups) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(shape, dtype=torch.float64)
+    w = torch.randn(4 * groups, shape[1] // groups, *kernel, dtype=torch.float64)
+    out = torch.ops.aten.convolution.default(x, w, None, list(stride), list(padding), list(dilation), False, [0] * len(kernel), groups)
+    go = torch.randn_like(out)
+    args = (go, x, w, [w.shape[0]], list(stride), list(padding), list(dilation), False, [0] * len(kernel), groups, [True, True, True])
+    expected = torch.ops.aten.convolution_backward.default(*args)
+    got = lowering.convolution_backward(*args)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b)

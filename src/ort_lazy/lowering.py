@@ -11,6 +11,7 @@ equivalents made of cheap ops (concatenations and slices instead of scatters).
 
 from __future__ import annotations
 
+import itertools
 import operator
 from typing import Any
 
@@ -126,20 +127,7 @@ def convolution_backward(
             grad_output, weight, None, stride, padding, dilation, True, extra, groups
         )
     if output_mask[1]:
-        # correlate input with grad_output over the batch: swap batch and channel axes, per group
-        n = input.shape[0]
-        c_in = input.shape[1] // groups
-        c_out = grad_output.shape[1] // groups
-        x = input.reshape(n, groups, c_in, *input.shape[2:]).transpose(0, 2)
-        x = x.reshape(c_in, groups * n, *input.shape[2:])
-        sp = list(range(3, 3 + spatial))
-        g = grad_output.reshape(n, groups, c_out, *grad_output.shape[2:]).permute(1, 2, 0, *sp)
-        g = g.reshape(groups * c_out, n, *grad_output.shape[2:])
-        gw = torch.ops.aten.convolution.default(x, g, None, dilation, padding, stride, False, [0] * spatial, groups)
-        gw = gw.reshape(c_in, groups * c_out, *gw.shape[2:]).transpose(0, 1)
-        for i in range(spatial):
-            gw = gw.narrow(2 + i, 0, weight.shape[2 + i])
-        grad_weight = gw.contiguous()
+        grad_weight = _conv_weight_grad(grad_output, input, weight, stride, padding, dilation, groups)
     if output_mask[2]:
         grad_bias = grad_output.sum(dim=[0, *range(2, grad_output.dim())])
     return grad_input, grad_weight, grad_bias
@@ -300,6 +288,66 @@ def drop_unused_indices(gm: torch.fx.GraphModule) -> int:
     if replaced:
         gm.recompile()
     return replaced
+
+
+#: largest kernel (number of taps) whose weight gradient is computed as one matrix product
+#: over unfolded input; the copies grow with it
+_UNFOLD_MAX_TAPS = 49
+
+
+def _conv_weight_grad(
+    grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
+    stride: list[int], padding: list[int], dilation: list[int], groups: int,
+) -> torch.Tensor:
+    """The weight gradient of a (non-transposed) convolution.
+
+    Small kernels: the input is unfolded (one strided slice per kernel tap) and the gradient is
+    a matrix product per sample and group, summed over the batch; ORT runs this several times
+    faster than a convolution whose "kernel" is the whole grad_output. Larger kernels: the
+    input correlated with grad_output as a convolution.
+    """
+    spatial = input.dim() - 2
+    n = input.shape[0]
+    c_in = input.shape[1] // groups
+    c_out = grad_output.shape[1] // groups
+    kernel = list(weight.shape[2:])
+    out_sizes = list(grad_output.shape[2:])
+    taps = 1
+    for k in kernel:
+        taps *= k
+    if taps <= _UNFOLD_MAX_TAPS and all(isinstance(v, int) for v in [n, *out_sizes, *input.shape[2:]]):
+        x = input
+        if any(padding):
+            pads: list[int] = []
+            for p in reversed(padding):
+                pads += [p, p]
+            x = torch.ops.aten.constant_pad_nd.default(x, pads, 0.0)
+        cols = []
+        for offsets in itertools.product(*(range(k) for k in kernel)):
+            piece = x
+            for i, k_i in enumerate(offsets):
+                start = k_i * dilation[i]
+                piece = torch.ops.aten.slice.Tensor(piece, 2 + i, start, start + stride[i] * (out_sizes[i] - 1) + 1, stride[i])
+            cols.append(piece)
+        positions = 1
+        for o in out_sizes:
+            positions *= o
+        # per sample and group: [Co, P] x [P, Ci*taps] (a transposed-operand GEMM, no copy),
+        # then summed over the batch
+        unfolded = torch.stack(cols, 2).reshape(n, groups, c_in * taps, positions)
+        g = grad_output.reshape(n, groups, c_out, positions)
+        return torch.matmul(g, unfolded.transpose(-1, -2)).sum(0).reshape(groups * c_out, c_in, *kernel)
+    # correlate input with grad_output over the batch: swap batch and channel axes, per group
+    x = input.reshape(n, groups, c_in, *input.shape[2:]).transpose(0, 2)
+    x = x.reshape(c_in, groups * n, *input.shape[2:])
+    sp = list(range(3, 3 + spatial))
+    g = grad_output.reshape(n, groups, c_out, *grad_output.shape[2:]).permute(1, 2, 0, *sp)
+    g = g.reshape(groups * c_out, n, *grad_output.shape[2:])
+    gw = torch.ops.aten.convolution.default(x, g, None, dilation, padding, stride, False, [0] * spatial, groups)
+    gw = gw.reshape(c_in, groups * c_out, *gw.shape[2:]).transpose(0, 1)
+    for i in range(spatial):
+        gw = gw.narrow(2 + i, 0, weight.shape[2 + i])
+    return gw.contiguous()
 
 
 #: Extra decompositions added to the exporter's table (op -> implementation in ORT-friendly ops).
