@@ -225,6 +225,15 @@ def test_spinning_within_runs_parked_after_each_run():
         assert _config(sess, "session.force_spinning_stop") == "1"
 
 
+def test_memory_pattern_off_by_default_and_settable():
+    compile_ort(lambda x: torch.relu(x) + 1)(torch.randn(8))
+    (sess,) = _sessions()
+    assert sess.get_session_options().enable_mem_pattern is False
+    compile_ort(lambda x: torch.relu(x) + 2, session_options={"enable_mem_pattern": True})(torch.randn(8))
+    (sess,) = _sessions()
+    assert sess.get_session_options().enable_mem_pattern is True
+
+
 def test_spinning_can_be_turned_off():
     compile_ort(lambda x: torch.relu(x) + 1, allow_spinning=False)(torch.randn(8))
     sessions = _sessions()

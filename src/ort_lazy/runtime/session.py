@@ -182,6 +182,10 @@ def _session_options(options: Options, spinning: bool, threads: int | None = Non
     # ORT's intra-op pool follows PyTorch's thread count (torch.set_num_threads), unless the
     # region asks for fewer or session_options sets it
     so.intra_op_num_threads = threads if threads is not None else torch.get_num_threads()
+    # ORT's memory pattern plans one block for every intermediate of a run up front; without it
+    # the arena reuses freed chunks: measured at the same speed and 20-45% less peak memory
+    # (TransformerEncoderLayer inference 42.8 -> 29.3 MiB, training 169 -> 133 MiB)
+    so.enable_mem_pattern = False
     for key, value in options.session_options.items():
         if "." in key:
             so.add_session_config_entry(key, str(value))
