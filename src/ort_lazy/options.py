@@ -72,9 +72,11 @@ class Options:
         run_type: ``ort``, ``pytorch`` or ``debug`` (see :data:`RUN_TYPES`).
         rtol: relative tolerance used by the ``debug`` run type.
         atol: absolute tolerance used by the ``debug`` run type.
-        allow_spinning: ORT intra-op thread spinning. ``None`` (default): threads spin within
-            a run and park when it ends, so PyTorch work between runs is not starved;
-            ``False`` never spins; ``True`` is the same as ``None``.
+        allow_spinning: ORT intra-op thread spinning. ``None`` (default): for dynamo / FX
+            graphs threads spin within a run and park when it ends, so PyTorch work between
+            runs is not starved; LazyTensor groups do the same; TorchScript groups never spin
+            (measured slower next to TorchScript's own ops).
+            ``True`` / ``False`` force it either way.
         dump_dir: when set, every compiled region writes its ONNX model, source graph and
             input schema there.
         cache_dir: when set, exported ONNX models persist there across processes.
