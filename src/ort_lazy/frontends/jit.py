@@ -189,7 +189,7 @@ class _Group:
 
     def run(self, tensors: list[torch.Tensor]) -> list[torch.Tensor] | None:
         """Outputs of the group computed by ORT, or None to run it in TorchScript."""
-        key = tuple((t.dtype, t.shape, t.stride(), t.device) for t in tensors)
+        key = tuple((t.dtype, t.shape, t.stride(), t.get_device()) for t in tensors)  # -1: CPU
         try:
             plan = self.plans[key]
         except KeyError:
