@@ -230,3 +230,24 @@ def test_convolution_backward_matches_aten(shape, kernel, stride, padding, dilat
     got = lowering.convolution_backward(*args)
     for a, b in zip(got, expected):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize(("shape", "out"), [((2, 3, 8, 8), (4, 4)), ((3, 8, 6), (4, 3)), ((1, 2, 6, 9), (1, 3))])
+def test_adaptive_avg_pool2d_backward_is_bit_identical(shape, out) -> None:
+    x = torch.randn(shape)
+    g = torch.randn(*shape[:-2], *out)
+    expected = aten._adaptive_avg_pool2d_backward.default(g, x)
+    assert torch.equal(lowering.adaptive_avg_pool2d_backward(g, x), expected)
+
+
+def test_adaptive_avg_pool2d_backward_uneven_windows_left_to_torch() -> None:
+    assert lowering.adaptive_avg_pool2d_backward(torch.randn(1, 1, 3, 3), torch.randn(1, 1, 7, 7)) is NotImplemented
+
+
+def test_small_cnn_trains_on_ort_without_the_pooling_backward_fallback() -> None:
+    from ort_lazy import metrics
+    from ort_lazy.models import SmallCNN
+
+    train_parity(lambda: SmallCNN(), [torch.randn(2, 3, 16, 16)], steps=2)
+    assert_ran_on_ort()
+    assert "aten._adaptive_avg_pool2d_backward.default" not in metrics.fallbacks()

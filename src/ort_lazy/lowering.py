@@ -251,6 +251,19 @@ def native_batch_norm(
     )
 
 
+def adaptive_avg_pool2d_backward(grad: torch.Tensor, x: torch.Tensor) -> Any:
+    """``aten._adaptive_avg_pool2d_backward`` when the input divides into equal windows: each
+    input element gets its window's gradient divided by the window height, then width (the
+    order PyTorch's kernel divides in, so results are bit-identical). Other sizes unchanged."""
+    *lead, h, w = x.shape
+    oh, ow = grad.shape[-2:]
+    if not _concrete(h, w, oh, ow, *lead) or oh == 0 or ow == 0 or h % oh or w % ow:
+        return NotImplemented
+    kh, kw = h // oh, w // ow
+    g = grad / kh / kw
+    return g.reshape(*lead, oh, 1, ow, 1).expand(*lead, oh, kh, ow, kw).reshape(*lead, h, w)
+
+
 _aten = torch.ops.aten
 
 #: pooling ops with an indices output, and their index-free form
@@ -360,4 +373,5 @@ DECOMPOSITIONS = {
     _aten.split.Tensor: split,
     _aten._safe_softmax.default: safe_softmax,
     _aten.native_batch_norm.default: native_batch_norm,
+    _aten._adaptive_avg_pool2d_backward.default: adaptive_avg_pool2d_backward,
 }
