@@ -347,9 +347,11 @@ def _conv_weight_grad(
             positions *= o
         # per sample and group: [Co, P] x [P, Ci*taps] (a transposed-operand GEMM, no copy),
         # then summed over the batch
-        unfolded = torch.stack(cols, 2).reshape(n, groups, c_in * taps, positions)
-        g = grad_output.reshape(n, groups, c_out, positions)
-        return torch.matmul(g, unfolded.transpose(-1, -2)).sum(0).reshape(groups * c_out, c_in, *kernel)
+        unfolded = torch.stack(cols, 2).reshape(n * groups, c_in * taps, positions)
+        g = grad_output.reshape(n * groups, c_out, positions)
+        # bmm of a transposed view: ORT folds the transpose into its GEMM (no copy)
+        gw = torch.bmm(g, unfolded.transpose(1, 2)).reshape(n, groups * c_out, c_in * taps)
+        return gw.sum(0).reshape(groups * c_out, c_in, *kernel)
     # correlate input with grad_output over the batch: swap batch and channel axes, per group
     x = input.reshape(n, groups, c_in, *input.shape[2:]).transpose(0, 2)
     x = x.reshape(c_in, groups * n, *input.shape[2:])
