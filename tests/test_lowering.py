@@ -251,3 +251,26 @@ def test_small_cnn_trains_on_ort_without_the_pooling_backward_fallback() -> None
     train_parity(lambda: SmallCNN(), [torch.randn(2, 3, 16, 16)], steps=2)
     assert_ran_on_ort()
     assert "aten._adaptive_avg_pool2d_backward.default" not in metrics.fallbacks()
+
+
+def test_gelu_decomposition_matches_and_is_fused_by_ort(tmp_path) -> None:
+    import onnxruntime as ort
+
+    x = torch.randn(1000, dtype=torch.float64) * 4
+    torch.testing.assert_close(lowering.gelu(x), torch.nn.functional.gelu(x), rtol=1e-12, atol=1e-12)
+    assert lowering.gelu(x, "tanh") is NotImplemented
+    assert lowering.gelu(x.half()) is NotImplemented
+
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU()).eval()
+    inp = torch.randn(4, 16)
+    with torch.no_grad():
+        expected = model(inp)
+        with captured_exports() as models:
+            got = compile_ort(model)(inp)
+    assert_close(got, expected)
+    assert_ran_on_ort()
+    so = ort.SessionOptions()
+    so.optimized_model_filepath = str(tmp_path / "opt.onnx")
+    ort.InferenceSession(models[0].model_bytes, so, providers=["CPUExecutionProvider"])
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "opt.onnx")).graph.node}
+    assert "Gelu" in ops and "Erf" not in ops, ops

@@ -12,6 +12,7 @@ equivalents made of cheap ops (concatenations and slices instead of scatters).
 from __future__ import annotations
 
 import itertools
+import math
 import operator
 from typing import Any
 
@@ -251,6 +252,15 @@ def native_batch_norm(
     )
 
 
+def gelu(x: torch.Tensor, approximate: str = "none") -> Any:
+    """``aten.gelu`` (erf form, float32/64) as ``x * (1 + erf(x / sqrt(2))) * 0.5``: the pattern
+    ORT's optimizer fuses into its single-pass Gelu kernel (the exporter's whole-op translation
+    multiplies in an order ORT does not recognise: five elementwise passes)."""
+    if approximate != "none" or x.dtype not in (torch.float32, torch.float64):
+        return NotImplemented
+    return (x * (torch.erf(x / math.sqrt(2.0)) + 1.0)) * 0.5
+
+
 def adaptive_avg_pool2d_backward(grad: torch.Tensor, x: torch.Tensor) -> Any:
     """``aten._adaptive_avg_pool2d_backward`` when the input divides into equal windows: each
     input element gets its window's gradient divided by the window height, then width (the
@@ -376,4 +386,5 @@ DECOMPOSITIONS = {
     _aten._safe_softmax.default: safe_softmax,
     _aten.native_batch_norm.default: native_batch_norm,
     _aten._adaptive_avg_pool2d_backward.default: adaptive_avg_pool2d_backward,
+    _aten.gelu.default: gelu,
 }
