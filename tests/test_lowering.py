@@ -44,7 +44,38 @@ def test_slice_scatter_and_backward_match_aten(dim: int, start: int | None, end:
 def test_strided_slices_are_left_to_torch() -> None:
     base = torch.randn(6, 4)
     assert lowering.slice_scatter(base, base[::2], 0, 0, 6, 2) is NotImplemented
-    assert lowering.slice_backward(base[::2], [6, 4], 0, 0, 6, 2) is NotImplemented
+    expected = aten.slice_backward.default(base[::2], [6, 4], 0, 0, 6, 2)
+    assert torch.equal(lowering.slice_backward(base[::2], [6, 4], 0, 0, 6, 2), expected)
+
+
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_select_slice_split_backward_stay_on_ort_with_changing_batch(dynamic: bool) -> None:
+    from ort_lazy import metrics
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(6, 6)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.proj(x)
+            return y[:, -1].sum() + y[-1].mean() + y[1:].tanh().sum() + sum(t.sum() for t in y.split(2, dim=1))
+
+    torch.manual_seed(0)
+    model, ref = Model(), Model()
+    ref.load_state_dict(model.state_dict())
+    compiled = compile_ort(model, dynamic=dynamic)
+    for n in (3, 5, 7):
+        x = torch.randn(n, 6)
+        got, expected = compiled(x), ref(x)
+        got.backward()
+        expected.backward()
+        assert_close(got.detach(), expected.detach())
+        assert_close(model.proj.weight.grad, ref.proj.weight.grad)
+        model.zero_grad()
+        ref.zero_grad()
+    assert_ran_on_ort()
+    assert not metrics.fallbacks(), metrics.fallbacks()
 
 
 @pytest.mark.parametrize(("size", "dim"), [(2, 0), (3, 1), (5, -1), (7, 1)])

@@ -187,11 +187,16 @@ def select_scatter(base: torch.Tensor, src: torch.Tensor, dim: int, index: int) 
     return _cat_into(base, base, base.shape, dim, index, src.unsqueeze(dim))
 
 
+def _torch_decomposition(op: Any, *args: Any) -> Any:
+    """PyTorch's own decomposition of ``op`` (for cases the rewrites here leave alone)."""
+    return torch._decomp.decomposition_table[op](*args)
+
+
 def select_backward(grad: torch.Tensor, input_sizes: list[int], dim: int, index: int) -> Any:
     """``aten.select_backward``: ``grad`` placed between zeros (exact)."""
     dim %= len(input_sizes)
     if not _concrete(index):
-        return NotImplemented
+        return _torch_decomposition(torch.ops.aten.select_backward.default, grad, input_sizes, dim, index)
     if index < 0:
         index += input_sizes[dim]
     return _cat_into(None, grad, input_sizes, dim, index, grad.unsqueeze(dim))
@@ -207,11 +212,12 @@ def slice_scatter(base: torch.Tensor, src: torch.Tensor, dim: int = 0, start: An
 
 
 def slice_backward(grad: torch.Tensor, input_sizes: list[int], dim: int, start: Any, end: Any, step: int) -> Any:
-    """``aten.slice_backward`` with step 1: ``grad`` placed between zeros (exact)."""
+    """``aten.slice_backward`` with step 1: ``grad`` placed between zeros (exact); other cases
+    (strides, symbolic sizes) as PyTorch decomposes them."""
     dim %= len(input_sizes)
     begin = _slice_start(start, input_sizes[dim])
     if step != 1 or begin is None:
-        return NotImplemented
+        return _torch_decomposition(torch.ops.aten.slice_backward.default, grad, input_sizes, dim, start, end, step)
     return _cat_into(None, grad, input_sizes, dim, begin, grad)
 
 
