@@ -305,3 +305,34 @@ def test_gelu_decomposition_matches_and_is_fused_by_ort(tmp_path) -> None:
     ort.InferenceSession(models[0].model_bytes, so, providers=["CPUExecutionProvider"])
     ops = {n.op_type for n in onnx.load(str(tmp_path / "opt.onnx")).graph.node}
     assert "Gelu" in ops and "Erf" not in ops, ops
+
+
+def _traced(fn, *args) -> list[torch.fx.Node]:
+    gm = _graph(fn, *args)
+    return [n for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def test_batched_probes_answer_like_single_probes(monkeypatch) -> None:
+    from ort_lazy import support
+    from ort_lazy.export import fx as export_fx
+
+    providers = ("CPUExecutionProvider",)
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    ok_nodes = _traced(lambda x, y: torch.tanh(x @ y) - x.exp(), a, b)
+    bf = torch.randn(4, dtype=torch.bfloat16)
+    mixed = ok_nodes + _traced(lambda x: x * x, bf)  # bf16 Mul: no CPU kernel
+    support._probe_tables.clear()
+    translations = []
+    real = export_fx.translate
+    monkeypatch.setattr(export_fx, "translate", lambda gm, name="region": translations.append(name) or real(gm, name))
+    answers = support.probe_ops(ok_nodes, providers)
+    assert all(r is None for r in answers.values()) and translations == ["probe"], translations
+
+    support._probe_tables.clear()
+    translations.clear()
+    batched = support.probe_ops(mixed, providers)
+    support._probe_tables.clear()
+    single = {n: support.probe_op(n, providers) for n in mixed}
+    assert batched == single
+    assert batched[mixed[-1]] is not None and batched[mixed[-1]].startswith(support.Reason.NO_KERNEL)
+    assert all(batched[n] is None for n in ok_nodes)

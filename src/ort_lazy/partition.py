@@ -27,7 +27,7 @@ from .export.fx import export_graph, spec_of
 from .lowering import drop_unused_indices
 from .options import Options
 from .runtime.session import OrtModel, OrtRunError, OrtRunner, spec_from_json, spec_to_json
-from .support import Reason, op_name, save_support_table, unsupported_reason
+from .support import Reason, graph_reasons, op_name, save_support_table
 
 __all__ = ["OrtRegion", "compile_graph", "graph_device", "GraphRecord", "recording"]
 
@@ -203,16 +203,13 @@ def _compute_nodes(nodes: Sequence[torch.fx.Node]) -> int:
 
 
 def _node_reasons(gm: torch.fx.GraphModule, options: Options, providers: Sequence[str]) -> dict[torch.fx.Node, str | None]:
-    reasons: dict[torch.fx.Node, str | None] = {}
-    for node in gm.graph.nodes:
-        if node.op != "call_function":
-            continue
+    calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+    reasons = graph_reasons([n for n in calls if n.target is not operator.getitem], options, providers)
+    for node in calls:
         if node.target is operator.getitem:
             src = node.args[0]
             reasons[node] = reasons.get(src, Reason.NO_MAPPING) if isinstance(src, torch.fx.Node) else Reason.NO_MAPPING
-            continue
-        reasons[node] = unsupported_reason(node, options, providers)
-    return reasons
+    return {n: reasons[n] for n in calls}
 
 
 def _record(reasons: dict[torch.fx.Node, str | None]) -> None:

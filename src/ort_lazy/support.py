@@ -28,7 +28,11 @@ __all__ = [
     "unsupported_reason",
     "is_excluded",
     "probe_op",
+    "probe_ops",
     "op_reason",
+    "static_reason",
+    "graph_reasons",
+    "NEEDS_PROBE",
 ]
 
 
@@ -101,8 +105,13 @@ def _flat_metas(value: Any) -> list[Any]:
     return flat
 
 
-def unsupported_reason(node: torch.fx.Node, options: Options, providers: Sequence[str]) -> str | None:
-    """None when ``node`` can run on ORT with ``providers``, else the reason it cannot."""
+#: what :func:`static_reason` returns when only translating the op can tell
+NEEDS_PROBE = "needs a translation probe"
+
+
+def static_reason(node: torch.fx.Node, options: Options) -> str | None:
+    """The reason ``node`` cannot run on ORT that needs no translation, None when it can
+    (getitem), or :data:`NEEDS_PROBE` when the answer depends on the op's ONNX translation."""
     if node.op != "call_function":
         return Reason.NO_MAPPING
     target = node.target
@@ -127,7 +136,29 @@ def unsupported_reason(node: torch.fx.Node, options: Options, providers: Sequenc
         return Reason.UNSUPPORTED_DTYPE
     if any(t.device.type not in ("cpu", "cuda", "meta") for t in tensors):
         return Reason.UNSUPPORTED_DTYPE
-    return probe_op(node, tuple(providers), options.cache_dir)
+    return NEEDS_PROBE
+
+
+def unsupported_reason(node: torch.fx.Node, options: Options, providers: Sequence[str]) -> str | None:
+    """None when ``node`` can run on ORT with ``providers``, else the reason it cannot."""
+    reason = static_reason(node, options)
+    if reason is NEEDS_PROBE:
+        return probe_op(node, tuple(providers), options.cache_dir)
+    return reason
+
+
+def graph_reasons(nodes: Sequence[torch.fx.Node], options: Options, providers: Sequence[str]) -> dict[torch.fx.Node, str | None]:
+    """:func:`unsupported_reason` for many nodes; the ops that need a probe are probed together."""
+    reasons: dict[torch.fx.Node, str | None] = {}
+    pending = []
+    for node in nodes:
+        reason = static_reason(node, options)
+        if reason is NEEDS_PROBE:
+            pending.append(node)
+        else:
+            reasons[node] = reason
+    reasons.update(probe_ops(pending, tuple(providers), options.cache_dir))
+    return reasons
 
 
 def op_reason(
@@ -217,6 +248,61 @@ def probe_op(node: torch.fx.Node, providers: tuple[str, ...], cache_dir: str | N
         table[key] = result
         _dirty.add(cache_dir)
     return result
+
+
+def probe_ops(
+    nodes: Sequence[torch.fx.Node], providers: tuple[str, ...], cache_dir: str | None = None
+) -> dict[torch.fx.Node, str | None]:
+    """:func:`probe_op` for many nodes at once.
+
+    Signatures not answered yet are first translated together, one node per signature in one
+    graph: when every emitted ONNX node has a kernel they are all supported (one translation
+    instead of one per op, ~2.5x less time). Otherwise, or if that graph fails to translate,
+    each is probed alone, so the answers are the same as :func:`probe_op`'s.
+    """
+    results: dict[torch.fx.Node, str | None] = {}
+    keys: dict[torch.fx.Node, str] = {}
+    unknown: dict[str, torch.fx.Node] = {}
+    table = _probe_table(cache_dir)
+    for node in nodes:
+        try:
+            key = json.dumps(_probe_key(node, providers), default=str)
+        except Exception:
+            results[node] = _probe_uncached(node, providers)
+            continue
+        keys[node] = key
+        with _probe_lock:
+            if key in table:
+                results[node] = table[key]
+                continue
+        unknown.setdefault(key, node)
+    if len(unknown) > 1 and _all_supported(list(unknown.values()), providers):
+        answers: dict[str, str | None] = dict.fromkeys(unknown)
+    else:
+        answers = {key: _probe_uncached(node, providers) for key, node in unknown.items()}
+    if answers:
+        with _probe_lock:
+            if len(table) + len(answers) > 8192:
+                table.clear()
+            table.update(answers)
+            _dirty.add(cache_dir)
+    for node, key in keys.items():
+        if node not in results:
+            results[node] = answers[key]
+    return results
+
+
+def _all_supported(nodes: Sequence[torch.fx.Node], providers: tuple[str, ...]) -> bool:
+    """Whether one graph holding every node (each with its own inputs) translates and every
+    emitted ONNX node has an ORT kernel on ``providers``."""
+    from .export.fx import isolated_nodes_graph, translate
+    from .runtime.kernels import unsupported_nodes
+
+    try:
+        model = translate(isolated_nodes_graph(nodes), name="probe")
+        return not unsupported_nodes(model, providers)
+    except Exception:
+        return False
 
 
 _probe_tables: dict[str | None, dict[str, str | None]] = {}

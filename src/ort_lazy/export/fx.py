@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -34,19 +35,28 @@ def spec_of(value: Any) -> TensorSpec:
 
 def single_node_graph(node: torch.fx.Node) -> torch.fx.GraphModule:
     """A graph holding just ``node``, its tensor/SymInt inputs turned into placeholders."""
+    return isolated_nodes_graph([node], single=True)
+
+
+def isolated_nodes_graph(nodes: Sequence[torch.fx.Node], single: bool = False) -> torch.fx.GraphModule:
+    """A graph holding copies of ``nodes``, each reading its own placeholders (one per distinct
+    tensor/SymInt input) and each an output. ``single``: one node, output as is (not a tuple)."""
     graph = torch.fx.Graph()
-    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    outputs = []
+    for i, node in enumerate(nodes):
+        env: dict[torch.fx.Node, torch.fx.Node] = {}
 
-    def placeholder(n: torch.fx.Node) -> torch.fx.Node:
-        if n not in env:
-            p = graph.placeholder(f"in_{len(env)}")
-            p.meta["val"] = n.meta.get("val", n.meta.get("example_value"))
-            env[n] = p
-        return env[n]
+        def placeholder(n: torch.fx.Node, env: dict[torch.fx.Node, torch.fx.Node] = env, i: int = i) -> torch.fx.Node:
+            if n not in env:
+                p = graph.placeholder(f"in_{len(env)}" if single else f"n{i}_in_{len(env)}")
+                p.meta["val"] = n.meta.get("val", n.meta.get("example_value"))
+                env[n] = p
+            return env[n]
 
-    new = graph.node_copy(node, placeholder)
-    new.meta = dict(node.meta)
-    graph.output(new)
+        new = graph.node_copy(node, placeholder)
+        new.meta = dict(node.meta)
+        outputs.append(new)
+    graph.output(outputs[0] if single else tuple(outputs))
     return torch.fx.GraphModule(torch.nn.Module(), graph)
 
 
