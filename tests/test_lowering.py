@@ -124,17 +124,23 @@ def test_scatter_backwards_run_on_ort_without_scatter_nodes() -> None:
     assert ops and not ops & {"ScatterElements", "ScatterND"}, ops
 
 
+def _inference_on_ort(model: nn.Module, x: torch.Tensor) -> list:
+    """Run ``model`` in eval/no-grad through the ort backend; outputs match eager (NaNs at the
+    same places) and ORT ran. Returns the exported models."""
+    with torch.no_grad():
+        expected = model(x)
+        with captured_exports() as models:
+            got = compile_ort(model)(x)
+    assert torch.equal(got.isnan(), expected.isnan())
+    assert_close(torch.nan_to_num(got), torch.nan_to_num(expected))
+    assert_ran_on_ort()
+    return models
+
+
 def test_attention_inference_split_and_safe_softmax_on_ort() -> None:
     torch.manual_seed(0)
     layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True).eval()
-    x = torch.randn(2, 6, 32)
-    with torch.no_grad():
-        expected = layer(x)
-        with captured_exports() as models:
-            got = compile_ort(layer)(x)
-    assert_close(got, expected)
-    assert_ran_on_ort()
-    ops = _ops(models)
+    ops = _ops(_inference_on_ort(layer, torch.randn(2, 6, 32)))
     assert "SplitToSequence" not in ops and "ScatterElements" not in ops, ops
 
 
@@ -196,13 +202,7 @@ def test_cnn_inference_uses_batchnorm_and_index_free_max_pool() -> None:
     model[1].running_var.uniform_(0.5, 2)
     x = torch.randn(2, 3, 16, 16)
     x[0, 0, 0, 0] = float("nan")
-    with torch.no_grad():
-        expected = model(x)
-        with captured_exports() as models:
-            got = compile_ort(model)(x)
-    assert torch.equal(got.isnan(), expected.isnan())
-    assert_close(torch.nan_to_num(got), torch.nan_to_num(expected))
-    assert_ran_on_ort()
+    models = _inference_on_ort(model, x)
     graphs = [onnx.load_from_string(m.model_bytes).graph for m in models]
     nodes = [n for g in graphs for n in g.node]
     assert any(n.op_type == "BatchNormalization" for n in nodes)
@@ -292,14 +292,7 @@ def test_gelu_decomposition_matches_and_is_fused_by_ort(tmp_path) -> None:
     assert lowering.gelu(x, "tanh") is NotImplemented
     assert lowering.gelu(x.half()) is NotImplemented
 
-    model = nn.Sequential(nn.Linear(16, 32), nn.GELU()).eval()
-    inp = torch.randn(4, 16)
-    with torch.no_grad():
-        expected = model(inp)
-        with captured_exports() as models:
-            got = compile_ort(model)(inp)
-    assert_close(got, expected)
-    assert_ran_on_ort()
+    models = _inference_on_ort(nn.Sequential(nn.Linear(16, 32), nn.GELU()).eval(), torch.randn(4, 16))
     so = ort.SessionOptions()
     so.optimized_model_filepath = str(tmp_path / "opt.onnx")
     ort.InferenceSession(models[0].model_bytes, so, providers=["CPUExecutionProvider"])
