@@ -5,8 +5,10 @@
 in the graph; before AOTAutograd lowers the graph, each such call is replaced by the same
 computation written with ordinary functional ops, which then runs on ORT.
 
-:data:`DECOMPOSITIONS` replaces ops whose ONNX translation is missing or slow in ORT by exact
-equivalents made of cheap ops (concatenations and slices instead of scatters).
+:data:`DECOMPOSITIONS` replaces ops whose ONNX translation is missing or slow in ORT by
+equivalents made of cheap ops (concatenations and slices instead of scatters, patterns ORT
+fuses): exact, except GELU, which ORT's fused kernel computes to within rounding.
+:func:`drop_unused_indices` turns max pooling whose indices nobody reads into plain pooling.
 """
 
 from __future__ import annotations
