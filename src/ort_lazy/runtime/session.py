@@ -175,7 +175,7 @@ def session_cache(capacity: int | None = None) -> SessionCache:
     return _cache
 
 
-def _session_options(options: Options, spinning: bool, threads: int | None = None) -> Any:
+def _session_options(options: Options, spinning: bool, threads: int | None = None, cpu: bool = True) -> Any:
     ort = onnxruntime()
     so = ort.SessionOptions()
     so.log_severity_level = 3
@@ -239,7 +239,7 @@ def create_session(
     try:
         sess = ort.InferenceSession(
             _clamp_ir_version(model.model_bytes),
-            sess_options=_session_options(options, spinning, threads),
+            sess_options=_session_options(options, spinning, threads, cpu=device.type == "cpu"),
             providers=list(providers),
             provider_options=provider_opts,
         )
