@@ -329,3 +329,32 @@ def test_batched_probes_answer_like_single_probes(monkeypatch) -> None:
     assert batched == single
     assert batched[mixed[-1]] is not None and batched[mixed[-1]].startswith(support.Reason.NO_KERNEL)
     assert all(batched[n] is None for n in ok_nodes)
+
+
+class _ConvZoo(nn.Module):
+    """Convolutions the weight-gradient rewrite covers (1-3 spatial dims, strides, dilation,
+    groups, depthwise, a large kernel) and the pooling / activation rewrites, in one model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = nn.Conv1d(3, 6, 5, stride=2, padding=2)
+        self.c2 = nn.Conv2d(3, 6, 3, padding=2, dilation=2, groups=3)
+        self.dw = nn.Conv2d(6, 6, 3, padding=1, groups=6, bias=False)  # BN follows: a bias grad would be 0 + noise
+        self.big = nn.Conv2d(6, 4, 8)
+        self.c3 = nn.Conv3d(2, 4, (2, 3, 3), stride=(1, 2, 1), padding=(0, 1, 1))
+        self.bn = nn.BatchNorm2d(6)
+
+    def forward(self, x1: torch.Tensor, x2: torch.Tensor, x3: torch.Tensor) -> torch.Tensor:
+        a = nn.functional.gelu(self.c1(x1)).mean()
+        b = torch.relu(self.bn(self.dw(self.c2(x2))))
+        b = nn.functional.max_pool2d(b, 2)
+        c = nn.functional.adaptive_avg_pool2d(self.big(nn.functional.pad(b, (4, 4, 4, 4))), 3)
+        d = self.c3(x3).tanh().sum()
+        return a + c.sum() + d + torch.log(torch.relu(b) + 1).mean()
+
+
+def test_conv_pool_activation_zoo_trains_like_eager() -> None:
+    torch.manual_seed(0)
+    inputs = [torch.randn(2, 3, 17), torch.randn(2, 3, 12, 12), torch.randn(1, 2, 3, 8, 6)]
+    train_parity(_ConvZoo, inputs, steps=2, rtol=1e-3, atol=1e-4)
+    assert_ran_on_ort()
