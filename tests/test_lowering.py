@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import operator
+
 import onnx
 import pytest
 import torch
@@ -358,3 +360,42 @@ def test_conv_pool_activation_zoo_trains_like_eager() -> None:
     inputs = [torch.randn(2, 3, 17), torch.randn(2, 3, 12, 12), torch.randn(1, 2, 3, 8, 6)]
     train_parity(_ConvZoo, inputs, steps=2, rtol=1e-3, atol=1e-4)
     assert_ran_on_ort()
+
+
+def _probe(fn, *args) -> str | None:
+    from ort_lazy import support
+
+    (node,) = [n for n in _traced(fn, *args) if n.target is not operator.getitem]
+    return support._probe_uncached(node, ("CPUExecutionProvider",))
+
+
+def test_probes_type_function_bodies_and_reject_translations_ort_cannot_load() -> None:
+    from ort_lazy.support import Reason
+
+    # Erf inside torchlib's erf function has no double kernel on CPU: seen only once inlined
+    assert _probe(torch.special.erf, torch.randn(4, dtype=torch.float64)).startswith(Reason.NO_KERNEL)
+    assert _probe(torch.special.erf, torch.randn(4)) is None
+    # float16 layer norm: the translation declares float16 statistics, LayerNormalization makes float
+    w16 = torch.randn(8, dtype=torch.half)
+    reason = _probe(lambda x, w, b: aten.native_layer_norm(x, [8], w, b, 1e-5), torch.randn(2, 8, dtype=torch.half), w16, w16)
+    assert reason is not None and reason.startswith(Reason.NO_KERNEL), reason
+    w = torch.randn(8)
+    assert _probe(lambda x, w, b: aten.native_layer_norm(x, [8], w, b, 1e-5), torch.randn(2, 8), w, w) is None
+    # eval batch norm: its empty saved statistics differ in shape only, which ORT accepts
+    bn = (torch.randn(2, 8, 4, 4), w, w, w, torch.rand(8))
+    assert _probe(lambda *a: aten._native_batch_norm_legit_no_training(*a, 0.1, 1e-5), *bn) is None
+
+
+def test_float16_transformer_inference_runs_on_ort_without_session_failures() -> None:
+    from ort_lazy import metrics
+
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True).eval().half()
+    x = torch.randn(2, 6, 32, dtype=torch.half)
+    with torch.no_grad():
+        expected = layer(x)
+        got = compile_ort(layer)(x)
+    assert_close(got.float(), expected.float(), rtol=1e-2, atol=1e-2)
+    counters = assert_ran_on_ort()
+    assert counters["ort_failures"] == 0 and counters["export_failures"] == 0, counters
+    assert set(metrics.fallbacks()) <= {"aten.native_layer_norm.default"}, metrics.fallbacks()

@@ -293,14 +293,12 @@ def probe_ops(
 
 
 def _all_supported(nodes: Sequence[torch.fx.Node], providers: tuple[str, ...]) -> bool:
-    """Whether one graph holding every node (each with its own inputs) translates and every
-    emitted ONNX node has an ORT kernel on ``providers``."""
+    """Whether one graph holding every node (each with its own inputs) translates, passes ONNX
+    type inference and every emitted ONNX node has an ORT kernel on ``providers``."""
     from .export.fx import isolated_nodes_graph, translate
-    from .runtime.kernels import unsupported_nodes
 
     try:
-        model = translate(isolated_nodes_graph(nodes), name="probe")
-        return not unsupported_nodes(model, providers)
+        return _translation_problem(translate(isolated_nodes_graph(nodes), name="probe"), providers) is None
     except Exception:
         return False
 
@@ -342,14 +340,41 @@ def save_support_table(cache_dir: str | None) -> None:
 
 def _probe_uncached(node: torch.fx.Node, providers: tuple[str, ...]) -> str | None:
     from .export.fx import single_node_graph, translate
-    from .runtime.kernels import unsupported_nodes
 
     try:
-        gm = single_node_graph(node)
-        model = translate(gm, name="probe")
+        model = translate(single_node_graph(node), name="probe")
     except Exception:
         return Reason.EXPORT_FAILED
+    return _translation_problem(model, providers)
+
+
+def _translation_problem(model: Any, providers: tuple[str, ...]) -> str | None:
+    """Why ORT cannot load a translated ``onnx_ir`` model (a single-op probe), or None.
+
+    Checks every node against ORT's kernel registry, then again with local functions inlined
+    and ONNX type inference run (strict): function bodies carry no types, so a node inside one
+    (``Erf`` of a double in ``aten_special_erf``) is only typed after inlining, and a node whose
+    declared output type contradicts its schema (torchlib's float16 ``native_layer_norm``) fails
+    there instead of at session creation.
+    """
+    import onnx
+    import onnx.inliner
+    import onnx_ir as ir
+
+    from .runtime.kernels import unsupported_nodes
+
     bad = unsupported_nodes(model, providers)
+    if not bad:
+        proto = onnx.inliner.inline_local_functions(ir.serde.serialize_model(model))
+        # types are what ORT checks at load; torch's shapes of unused auxiliary outputs (empty
+        # save_mean of an eval batch norm) may differ from the ONNX op's without harm
+        for value in list(proto.graph.value_info) + list(proto.graph.output):
+            value.type.tensor_type.ClearField("shape")
+        try:
+            inferred = onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True, data_prop=True)
+        except onnx.shape_inference.InferenceError as e:
+            return f"{Reason.NO_KERNEL}: ONNX type inference rejects the translation ({str(e).splitlines()[0][:160]})"
+        bad = unsupported_nodes(ir.serde.deserialize_model(inferred), providers)
     if bad:
         return f"{Reason.NO_KERNEL}: " + ", ".join(sorted({b.describe() for b in bad}))
     return None
