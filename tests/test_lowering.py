@@ -399,3 +399,35 @@ def test_float16_transformer_inference_runs_on_ort_without_session_failures() ->
     counters = assert_ran_on_ort()
     assert counters["ort_failures"] == 0 and counters["export_failures"] == 0, counters
     assert set(metrics.fallbacks()) <= {"aten.native_layer_norm.default"}, metrics.fallbacks()
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: x * 0.3535533905932738,
+        lambda x: x + 0.1,
+        lambda x: 0.1 - x,
+        lambda x: x / 0.3,
+        lambda x: torch.where(x > 0, x, 0.1),
+    ],
+)
+def test_float64_python_scalars_stay_exact(fn) -> None:
+    x = torch.randn(64, dtype=torch.float64)
+    assert torch.equal(compile_ort(fn)(x), fn(x))
+    assert_ran_on_ort()
+
+
+class _Attention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.mha = nn.MultiheadAttention(16, 4, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mha(x, x, x, need_weights=False)[0]
+
+
+def test_float64_training_with_scaled_attention_matches_to_double_precision() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    train_parity(lambda: _Attention().double(), [x], steps=1, rtol=1e-10, atol=1e-12)
+    assert_ran_on_ort()

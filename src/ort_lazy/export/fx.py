@@ -63,11 +63,94 @@ def isolated_nodes_graph(nodes: Sequence[torch.fx.Node], single: bool = False) -
 def translate(gm: torch.fx.GraphModule, name: str = "region") -> Any:
     """Translate ``gm`` (aten ops, placeholders with ``meta['val']``) to an ``onnx_ir`` model."""
     gm = _prepare(gm)
+    scalars = _exact_double_scalars(gm)
     model = _compat.new_ir_model(name)
     _compat.translate_fx_graph(gm.graph, model)
+    if scalars:
+        _bake_constants(model, scalars)
     _dedupe_outputs(model)
     _compat.finalize_ir_model(model)
     return model
+
+
+_aten = torch.ops.aten
+#: float64 ops whose Python-float operands (at these argument positions) are given to the
+#: translator as tensors instead: op -> (overload taking tensors there, positions)
+_SCALAR_OPERANDS: dict[Any, tuple[Any, tuple[int, ...]]] = {
+    _aten.add.Tensor: (_aten.add.Tensor, (1,)), _aten.add.Scalar: (_aten.add.Tensor, (1,)),
+    _aten.sub.Tensor: (_aten.sub.Tensor, (1,)), _aten.sub.Scalar: (_aten.sub.Tensor, (1,)),
+    _aten.mul.Tensor: (_aten.mul.Tensor, (1,)), _aten.mul.Scalar: (_aten.mul.Tensor, (1,)),
+    _aten.div.Tensor: (_aten.div.Tensor, (1,)), _aten.div.Scalar: (_aten.div.Tensor, (1,)),
+    _aten.rsub.Scalar: (_aten.rsub.Tensor, (1,)),
+}
+_SCALAR_ARITHMETIC = {op: target for op, (target, _) in _SCALAR_OPERANDS.items()}
+
+
+#: ops that take the promoted scalar as an ordinary tensor operand
+_TENSOR_OPERANDS = set(_SCALAR_ARITHMETIC.values()) | {
+    _aten.where.self, _aten.maximum.default, _aten.minimum.default, _aten.pow.Tensor_Tensor,
+    _aten.eq.Tensor, _aten.ne.Tensor, _aten.lt.Tensor, _aten.le.Tensor, _aten.gt.Tensor, _aten.ge.Tensor,
+}
+
+
+def _exact_double_scalars(gm: torch.fx.GraphModule) -> dict[int, torch.Tensor]:
+    """Keep float64 arithmetic on Python floats exact (in place on a prepared copy).
+
+    The translator makes Python floats float32 constants, so ``x * 0.35355339059327373`` on
+    float64 would compute with 0.35355338 (relative error 3e-8). Each such operand that float32
+    cannot hold exactly becomes a placeholder (after the graph's own when those come first); the
+    returned {placeholder position: 0-d float64 tensor} is baked into the model as initializers
+    of those exact values.
+    """
+    first = next((n for n in gm.graph.nodes if n.op != "placeholder"), None)
+    if first is None:
+        return {}
+    values: dict[torch.fx.Node, torch.Tensor] = {}
+
+    def holder_for(value: float, device: torch.device) -> torch.fx.Node:
+        with gm.graph.inserting_before(first):  # ahead of every use
+            holder = gm.graph.placeholder(f"double_scalar_{len(values)}")
+        with _compat.real_tensor_mode():
+            holder.meta["val"] = torch.empty((), dtype=torch.float64, device=device)
+            values[holder] = torch.tensor(value, dtype=torch.float64)
+        return holder
+
+    def inexact(value: Any) -> bool:
+        return type(value) is float and float(torch.tensor(value, dtype=torch.float32)) != value
+
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function":
+            continue
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor) or val.dtype != torch.float64:
+            continue
+        # type promotion turns a float operand into scalar_tensor(value)
+        if node.target is _aten.scalar_tensor.default:
+            if not inexact(node.args[0]) or any(
+                u.op != "call_function" or u.target not in _TENSOR_OPERANDS for u in node.users
+            ):
+                continue  # exact in float32, or a user that wants a Python scalar there
+            node.replace_all_uses_with(holder_for(node.args[0], val.device))
+            gm.graph.erase_node(node)
+            continue
+        entry = _SCALAR_OPERANDS.get(node.target)
+        if entry is None:
+            continue
+        target, positions = entry
+        args = list(node.args)
+        changed = [i for i in positions if i < len(args) and inexact(args[i])]
+        if not changed:
+            continue
+        for i in positions:
+            if i < len(args) and isinstance(args[i], (int, float)) and not isinstance(args[i], bool):
+                args[i] = holder_for(float(args[i]), val.device)  # the tensor overload wants all
+        node.target = target
+        node.args = tuple(args)
+    if not values:
+        return {}
+    gm.recompile()
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return {i: values[p] for i, p in enumerate(placeholders) if p in values}
 
 
 def _prepare(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
