@@ -90,6 +90,7 @@ _SCALAR_ARITHMETIC = {op: target for op, (target, _) in _SCALAR_OPERANDS.items()
 _TENSOR_OPERANDS = set(_SCALAR_ARITHMETIC.values()) | {
     _aten.where.self, _aten.maximum.default, _aten.minimum.default, _aten.pow.Tensor_Tensor,
     _aten.eq.Tensor, _aten.ne.Tensor, _aten.lt.Tensor, _aten.le.Tensor, _aten.gt.Tensor, _aten.ge.Tensor,
+    _aten.clamp.Tensor, _aten.clamp_min.Tensor, _aten.clamp_max.Tensor,
 }
 
 
@@ -131,6 +132,8 @@ def _exact_double_scalars(gm: torch.fx.GraphModule) -> dict[int, torch.Tensor]:
             ):
                 continue  # exact in float32, or a user that wants a Python scalar there
             node.replace_all_uses_with(holder_for(node.args[0], val.device))
+            if node is first:
+                first = node.next  # holders go before the first node still in the graph
             gm.graph.erase_node(node)
             continue
         entry = _SCALAR_OPERANDS.get(node.target)
