@@ -255,8 +255,8 @@ def native_batch_norm(
         return torch.ops.aten._native_batch_norm_legit_no_training.default(
             x, weight, bias, running_mean, running_var, momentum, eps
         )
-    return torch._decomp.decomposition_table[torch.ops.aten.native_batch_norm.default](
-        x, weight, bias, running_mean, running_var, training, momentum, eps
+    return _torch_decomposition(
+        torch.ops.aten.native_batch_norm.default, x, weight, bias, running_mean, running_var, training, momentum, eps
     )
 
 
@@ -343,10 +343,8 @@ def _conv_weight_grad(
     c_out = grad_output.shape[1] // groups
     kernel = list(weight.shape[2:])
     out_sizes = list(grad_output.shape[2:])
-    taps = 1
-    for k in kernel:
-        taps *= k
-    if taps <= _UNFOLD_MAX_TAPS and all(isinstance(v, int) for v in [n, *out_sizes, *input.shape[2:]]):
+    taps = math.prod(kernel)
+    if taps <= _UNFOLD_MAX_TAPS and _concrete(n, *out_sizes, *input.shape[2:]):
         x = input
         if any(padding):
             pads: list[int] = []
@@ -360,14 +358,11 @@ def _conv_weight_grad(
                 start = k_i * dilation[i]
                 piece = torch.ops.aten.slice.Tensor(piece, 2 + i, start, start + stride[i] * (out_sizes[i] - 1) + 1, stride[i])
             cols.append(piece)
-        positions = 1
-        for o in out_sizes:
-            positions *= o
-        # per sample and group: [Co, P] x [P, Ci*taps] (a transposed-operand GEMM, no copy),
-        # then summed over the batch
+        positions = math.prod(out_sizes)
+        # per sample and group: [Co, P] x [P, Ci*taps], then summed over the batch; the bmm of
+        # a transposed view lets ORT fold the transpose into its GEMM (no copy)
         unfolded = torch.stack(cols, 2).reshape(n * groups, c_in * taps, positions)
         g = grad_output.reshape(n * groups, c_out, positions)
-        # bmm of a transposed view: ORT folds the transpose into its GEMM (no copy)
         gw = torch.bmm(g, unfolded.transpose(1, 2)).reshape(n, groups * c_out, c_in * taps)
         return gw.sum(0).reshape(groups * c_out, c_in, *kernel)
     # correlate input with grad_output over the batch: swap batch and channel axes, per group
