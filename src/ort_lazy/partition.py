@@ -277,9 +277,8 @@ def estimated_flops(gm: torch.fx.GraphModule) -> float | None:
 
 
 def region_threads(gm: torch.fx.GraphModule) -> int | None:
-    """ORT intra-op threads for a region: 1 for small ones, None (PyTorch's count) otherwise."""
-    if graph_device(gm).type != "cpu":
-        return None
+    """ORT intra-op threads for a region: 1 for small ones, None (PyTorch's count) otherwise
+    (the runner applies it to CPU sessions only)."""
     flops = estimated_flops(gm)
     return 1 if flops is not None and flops < SMALL_REGION_FLOPS else None
 

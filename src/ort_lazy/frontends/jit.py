@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import math
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -284,17 +285,11 @@ SMALL_GROUP_ELEMENTS = 1 << 18
 
 
 def _group_threads(tensors: Sequence[torch.Tensor], model: Any) -> int | None:
-    """ORT intra-op threads for a group: 1 when it moves little data on CPU, else PyTorch's count."""
-    if any(t.device.type != "cpu" for t in tensors):
+    """ORT intra-op threads for a group: 1 when it moves little data, else PyTorch's count
+    (the runner applies it to CPU sessions only)."""
+    if not all(spec.static for spec in model.output_specs):
         return None
-    total = sum(t.numel() for t in tensors)
-    for spec in model.output_specs:
-        if not spec.static:
-            return None
-        n = 1
-        for d in spec.shape:
-            n *= d
-        total += n
+    total = sum(t.numel() for t in tensors) + sum(math.prod(spec.shape) for spec in model.output_specs)
     return 1 if total < SMALL_GROUP_ELEMENTS else None
 
 
