@@ -233,21 +233,7 @@ def probe_op(node: torch.fx.Node, providers: tuple[str, ...], cache_dir: str | N
     Answers are memoised per (overload, dtypes, ranks, constant arguments, providers), in
     memory and, with a compile cache directory, on disk for later processes.
     """
-    try:
-        key = json.dumps(_probe_key(node, providers), default=str)
-    except Exception:
-        return _probe_uncached(node, providers)
-    table = _probe_table(cache_dir)
-    with _probe_lock:
-        if key in table:
-            return table[key]
-    result = _probe_uncached(node, providers)
-    with _probe_lock:
-        if len(table) > 8192:
-            table.clear()
-        table[key] = result
-        _dirty.add(cache_dir)
-    return result
+    return probe_ops([node], providers, cache_dir)[node]
 
 
 def probe_ops(

@@ -74,16 +74,15 @@ def translate(gm: torch.fx.GraphModule, name: str = "region") -> Any:
 
 
 _aten = torch.ops.aten
-#: float64 ops whose Python-float operands (at these argument positions) are given to the
-#: translator as tensors instead: op -> (overload taking tensors there, positions)
-_SCALAR_OPERANDS: dict[Any, tuple[Any, tuple[int, ...]]] = {
-    _aten.add.Tensor: (_aten.add.Tensor, (1,)), _aten.add.Scalar: (_aten.add.Tensor, (1,)),
-    _aten.sub.Tensor: (_aten.sub.Tensor, (1,)), _aten.sub.Scalar: (_aten.sub.Tensor, (1,)),
-    _aten.mul.Tensor: (_aten.mul.Tensor, (1,)), _aten.mul.Scalar: (_aten.mul.Tensor, (1,)),
-    _aten.div.Tensor: (_aten.div.Tensor, (1,)), _aten.div.Scalar: (_aten.div.Tensor, (1,)),
-    _aten.rsub.Scalar: (_aten.rsub.Tensor, (1,)),
+#: float64 arithmetic whose Python-float second operand is given to the translator as a
+#: tensor instead: op -> the overload taking a tensor there
+_SCALAR_ARITHMETIC = {
+    _aten.add.Tensor: _aten.add.Tensor, _aten.add.Scalar: _aten.add.Tensor,
+    _aten.sub.Tensor: _aten.sub.Tensor, _aten.sub.Scalar: _aten.sub.Tensor,
+    _aten.mul.Tensor: _aten.mul.Tensor, _aten.mul.Scalar: _aten.mul.Tensor,
+    _aten.div.Tensor: _aten.div.Tensor, _aten.div.Scalar: _aten.div.Tensor,
+    _aten.rsub.Scalar: _aten.rsub.Tensor,
 }
-_SCALAR_ARITHMETIC = {op: target for op, (target, _) in _SCALAR_OPERANDS.items()}
 
 
 #: ops that take the promoted scalar as an ordinary tensor operand
@@ -136,19 +135,10 @@ def _exact_double_scalars(gm: torch.fx.GraphModule) -> dict[int, torch.Tensor]:
                 first = node.next  # holders go before the first node still in the graph
             gm.graph.erase_node(node)
             continue
-        entry = _SCALAR_OPERANDS.get(node.target)
-        if entry is None:
-            continue
-        target, positions = entry
-        args = list(node.args)
-        changed = [i for i in positions if i < len(args) and inexact(args[i])]
-        if not changed:
-            continue
-        for i in positions:
-            if i < len(args) and isinstance(args[i], (int, float)) and not isinstance(args[i], bool):
-                args[i] = holder_for(float(args[i]), val.device)  # the tensor overload wants all
-        node.target = target
-        node.args = tuple(args)
+        target = _SCALAR_ARITHMETIC.get(node.target)
+        if target is not None and len(node.args) >= 2 and inexact(node.args[1]):
+            node.target = target
+            node.args = (node.args[0], holder_for(node.args[1], val.device), *node.args[2:])
     if not values:
         return {}
     gm.recompile()
