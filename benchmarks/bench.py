@@ -199,18 +199,11 @@ def _build_eager(case: Case) -> Prepared:
     return Prepared(step, first, out)
 
 
-def _build_dynamo(case: Case) -> Prepared:
-    """``torch.compile(backend="eager")``: dynamo's own cost (tracing, guards), shared by every backend."""
+def _build_compiled(case: Case, **compile_kwargs: Any) -> Prepared:
+    """``torch.compile(model, **compile_kwargs)``: Inductor by default; ``backend="eager"`` is
+    dynamo's own cost (tracing, guards), shared by every backend."""
     model = case.fresh_model()
-    compiled = torch.compile(model, backend="eager")
-    step = _make_step(case, compiled, model)
-    first, out = _first_call(case, step)
-    return Prepared(step, first, out)
-
-
-def _build_inductor(case: Case) -> Prepared:
-    model = case.fresh_model()
-    compiled = torch.compile(model)
+    compiled = torch.compile(model, **compile_kwargs)
     step = _make_step(case, compiled, model)
     first, out = _first_call(case, step)
     return Prepared(step, first, out)
@@ -276,8 +269,8 @@ def _build_floor(case: Case, freeze: bool = False) -> Prepared:
 #: Every backend the suite knows; tests may add their own.
 BACKENDS: dict[str, Backend] = {
     "eager": Backend("eager", MODES, _build_eager),
-    "dynamo": Backend("dynamo", MODES, _build_dynamo),
-    "inductor": Backend("inductor", MODES, _build_inductor),
+    "dynamo": Backend("dynamo", MODES, lambda c: _build_compiled(c, backend="eager")),
+    "inductor": Backend("inductor", MODES, _build_compiled),
     "ort": Backend("ort", MODES, _build_ort, floor_of="floor"),
     "ort+freeze": Backend("ort+freeze", ("inference",), lambda c: _build_ort(c, freeze=True), floor_of="floor+freeze"),
     "floor": Backend("floor", ("inference",), _build_floor),

@@ -38,6 +38,16 @@ def assert_close(actual: Any, expected: Any, rtol: float = 1e-4, atol: float = 1
     torch.testing.assert_close(actual, expected, rtol=rtol, atol=tol, equal_nan=True)
 
 
+def take_sessions() -> list[Any]:
+    """The ORT sessions the session cache holds, which it then drops."""
+    from ort_lazy.runtime.session import session_cache
+
+    cache = session_cache()
+    sessions = [v[0] for v in cache._items.values()]
+    cache.clear()
+    return sessions
+
+
 def assert_ran_on_ort(min_runs: int = 1) -> dict[str, int]:
     """Fail unless ORT actually ran (a silent fallback cannot pass)."""
     c = metrics.counters()

@@ -9,7 +9,14 @@ import pytest
 import torch
 from torch import nn
 
-from helpers import assert_close, assert_ran_on_ort, captured_exports, compile_ort, train_parity
+from helpers import (
+    assert_close,
+    assert_ran_on_ort,
+    captured_exports,
+    compile_ort,
+    take_sessions,
+    train_parity,
+)
 from ort_lazy import lowering, partition
 
 aten = torch.ops.aten
@@ -171,14 +178,10 @@ def test_estimated_flops_and_threads() -> None:
 
 
 def test_small_region_session_uses_one_thread_and_follows_torch_threads_otherwise() -> None:
-    from ort_lazy.runtime.session import session_cache
-
-    session_cache().clear()
     compile_ort(lambda x: torch.relu(x) + 1)(torch.randn(8))
-    sessions = [s for s, _ in session_cache()._items.values()]
+    sessions = take_sessions()
     assert [s.get_session_options().intra_op_num_threads for s in sessions] == [1]
 
-    session_cache().clear()
     old = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -186,12 +189,11 @@ def test_small_region_session_uses_one_thread_and_follows_torch_threads_otherwis
         compile_ort(lambda x: torch.relu(x @ w))(torch.randn(512, 512))
     finally:
         torch.set_num_threads(old)
-    sessions = [s for s, _ in session_cache()._items.values()]
+    sessions = take_sessions()
     assert [s.get_session_options().intra_op_num_threads for s in sessions] == [2]
 
-    session_cache().clear()
     compile_ort(lambda x: torch.relu(x) + 1, session_options={"intra_op_num_threads": 3})(torch.randn(8))
-    sessions = [s for s, _ in session_cache()._items.values()]
+    sessions = take_sessions()
     assert [s.get_session_options().intra_op_num_threads for s in sessions] == [3]
 
 

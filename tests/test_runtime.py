@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import ort_lazy
-from helpers import assert_close, assert_ran_on_ort, captured_exports, compile_ort
+from helpers import assert_close, assert_ran_on_ort, captured_exports, compile_ort, take_sessions
 from ort_lazy import metrics
 from ort_lazy.export.fx import export_graph
 from ort_lazy.options import Options
@@ -218,7 +218,7 @@ def test_spinning_within_runs_parked_after_each_run():
         return torch.ops.ortlazy_rt.twice(torch.relu(x)).sum()
 
     compile_ort(f)(torch.randn(8))
-    sessions = _sessions()
+    sessions = take_sessions()
     assert sessions, "expected an ORT session"
     for sess in sessions:
         assert _config(sess, "session.intra_op.allow_spinning") == "1"
@@ -227,27 +227,18 @@ def test_spinning_within_runs_parked_after_each_run():
 
 def test_memory_pattern_off_by_default_and_settable():
     compile_ort(lambda x: torch.relu(x) + 1)(torch.randn(8))
-    (sess,) = _sessions()
+    (sess,) = take_sessions()
     assert sess.get_session_options().enable_mem_pattern is False
     compile_ort(lambda x: torch.relu(x) + 2, session_options={"enable_mem_pattern": True})(torch.randn(8))
-    (sess,) = _sessions()
+    (sess,) = take_sessions()
     assert sess.get_session_options().enable_mem_pattern is True
 
 
 def test_spinning_can_be_turned_off():
     compile_ort(lambda x: torch.relu(x) + 1, allow_spinning=False)(torch.randn(8))
-    sessions = _sessions()
+    sessions = take_sessions()
     assert len(sessions) == 1
     assert _config(sessions[0], "session.intra_op.allow_spinning") == "0"
-
-
-def _sessions():
-    from ort_lazy.runtime.session import session_cache
-
-    cache = session_cache()
-    sessions = [v[0] for v in cache._items.values()]
-    cache.clear()
-    return sessions
 
 
 def test_tensor_spec_static():
