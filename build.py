@@ -49,7 +49,24 @@ DIST = ROOT / "dist"
 TORCH_PIN = "torch==2.13.0"
 ORT_FLAVOURS = {"cpu": "onnxruntime", "cuda": "onnxruntime-gpu", "training": "onnxruntime-training==1.19.2"}
 BASE_DEPS = ["onnx", "onnxscript", "onnx-ir", "numpy", "pybind11", "setuptools", "wheel"]
-TEST_DEPS = ["pytest", "pytest-xdist", "ruff", "pyyaml", "py-rattler-build"]
+TEST_DEPS = [
+    "pytest",
+    "pytest-xdist",
+    "ruff",
+    "pyyaml",
+    "py-rattler-build",
+    "import-linter",
+    # PyTorch's operator database (torch.testing._internal) imports these
+    "expecttest",
+    "hypothesis",
+    # the real-model zoo: random-weight configs, no downloads
+    "transformers==5.24.0",
+    "huggingface-hub",
+    "safetensors",
+]
+#: test packages installed without their dependencies: timm asks for torchvision, whose PyPI
+#: wheel is CUDA-linked and would replace the pinned CPU torch
+TEST_DEPS_NO_DEPS = ["timm==1.0.31"]
 CONFIGS = ("Debug", "Release", "RelWithDebInfo")
 #: CUDA used to pick torch's wheel index when neither --cuda_version nor nvcc says otherwise.
 DEFAULT_CUDA = "12.6"
@@ -307,9 +324,9 @@ def gpu_visible() -> bool:
 
 
 def package_version() -> str:
-    m = re.search(r'^__version__\s*=\s*"([^"]+)"', (PACKAGE_DIR / "__init__.py").read_text(), re.M)
+    m = re.search(r'^__version__\s*=\s*"([^"]+)"', (PACKAGE_DIR / "_version.py").read_text(), re.M)
     if not m:
-        raise SystemExit("build.py: no __version__ in src/ort_lazy/__init__.py")
+        raise SystemExit("build.py: no __version__ in src/ort_lazy/_version.py")
     return m.group(1)
 
 
@@ -448,6 +465,10 @@ def plan(args: argparse.Namespace, py: str | None = None) -> list[Step]:
         if args.test:
             deps += TEST_DEPS
         steps.append(Step("install dependencies", [*pip, "install", "-q", *deps]))
+        if args.test:
+            steps.append(
+                Step("install test models (without torchvision)", [*pip, "install", "-q", "--no-deps", *TEST_DEPS_NO_DEPS])
+            )
     if args.use_cuda:
         steps.append(
             Step(

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 # the element types ort-lazy binds with (one table for both)
-from ort_lazy.runtime.session import _NUMPY_TYPES
+from ort_lazy.runtime.session import NUMPY_TYPES
 
 __all__ = ["CapturedCall", "FloorRunner", "capture_regions", "export_floor", "recording"]
 
@@ -111,9 +111,9 @@ class FloorRunner:
                 )
             binding = sess.io_binding()
             for name, tensor in zip(call.input_names, call.inputs):
-                binding.bind_input(name, "cpu", 0, _NUMPY_TYPES[tensor.dtype], list(tensor.shape), tensor.data_ptr())
+                binding.bind_input(name, "cpu", 0, NUMPY_TYPES[tensor.dtype], list(tensor.shape), tensor.data_ptr())
             for name, tensor in zip(call.output_names, call.outputs):
-                binding.bind_output(name, "cpu", 0, _NUMPY_TYPES[tensor.dtype], list(tensor.shape), tensor.data_ptr())
+                binding.bind_output(name, "cpu", 0, NUMPY_TYPES[tensor.dtype], list(tensor.shape), tensor.data_ptr())
             self.sessions.append(sess)
             self.bindings.append(binding)
         pairs = list(zip(self.sessions, self.bindings))

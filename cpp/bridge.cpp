@@ -96,11 +96,13 @@ py::object describe_input(const Value* v, std::ostringstream& key) {
   return py::make_tuple(py::str("const"), value);
 }
 
-// The fusion predicate.  Only aten nodes with tensor outputs whose non-tensor inputs are
-// constants qualify (LTC's aten::ScalarImplicit alpha would otherwise become a Scalar
-// group input the fuser cannot handle), then Python decides from the shared table.
+// The fusion predicate.  Only aten nodes with one tensor output whose non-tensor inputs
+// are constants qualify: CustomFuseGraph merges single-output producers only (a two-output
+// node such as max_pool2d_with_indices trips its assertion), and LTC's
+// aten::ScalarImplicit alpha would otherwise become a Scalar group input the fuser cannot
+// handle.  Then Python decides from the shared table.
 bool is_supported(Node* node) {
-  if (!node->kind().is_aten() || node->outputs().empty()) {
+  if (!node->kind().is_aten() || node->outputs().size() != 1) {
     return false;
   }
   const c10::FunctionSchema* schema = node->maybeSchema();
@@ -131,6 +133,33 @@ bool is_supported(Node* node) {
   }
 }
 
+// ReLU's backward, aten::threshold_backward(grad, self, threshold), has no ONNX export;
+// written as masked_fill(grad, self <= threshold, 0) (the same values, NaN included: a NaN
+// input keeps its gradient in both) it fuses with the rest of a backward graph.  Output
+// types are copied so the predicate can judge the new nodes.
+void lower_threshold_backward(const std::shared_ptr<Graph>& graph) {
+  static const c10::Symbol kThresholdBackward = c10::Symbol::fromQualString("aten::threshold_backward");
+  static const c10::Symbol kLe = c10::Symbol::fromQualString("aten::le");
+  static const c10::Symbol kMaskedFill = c10::Symbol::fromQualString("aten::masked_fill");
+  std::vector<Node*> found;
+  for (Node* n : graph->nodes()) {
+    if (n->kind() == kThresholdBackward && n->inputs().size() == 3) found.push_back(n);
+  }
+  for (Node* n : found) {
+    auto out_type = n->output()->type()->cast<c10::TensorType>();
+    auto self_type = n->input(1)->type()->cast<c10::TensorType>();
+    if (!out_type || !self_type) continue;
+    torch::jit::WithInsertPoint guard(n);
+    Node* le = graph->insertNode(graph->create(kLe, {n->input(1), n->input(2)}));
+    le->output()->setType(self_type->withScalarType(at::kBool));
+    Value* zero = graph->insertConstant(at::Scalar(0));
+    Node* fill = graph->insertNode(graph->create(kMaskedFill, {n->input(0), le->output(), zero}));
+    fill->output()->setType(out_type);
+    n->output()->replaceAllUsesWith(fill->output());
+    n->destroy();
+  }
+}
+
 void fuse_pass(std::shared_ptr<Graph>& graph) {
   if (!g_enabled.load() || tl_pass_disabled > 0 || g_cb.support == nullptr) {
     return;
@@ -139,12 +168,13 @@ void fuse_pass(std::shared_ptr<Graph>& graph) {
   // carry the observed types.  Fold them into the values so the predicate sees dtypes.
   torch::jit::RemoveProfileNodesAndSpecializeTypes(graph);
   torch::jit::EliminateDeadCode(graph);
+  lower_threshold_backward(graph);
   torch::jit::CustomFuseGraph(graph, is_supported, kGroup);
 }
 
-// A copy of the group's subgraph the exporter accepts: no LTC `source` attributes and a
-// single (tuple) output when there are several.
-std::shared_ptr<Graph> export_graph(const std::shared_ptr<Graph>& subgraph) {
+// A copy of the group's subgraph prepared for the exporter: no LTC `source` attributes and
+// a single (tuple) output when there are several.
+std::shared_ptr<Graph> prepare_for_export(const std::shared_ptr<Graph>& subgraph) {
   auto g = subgraph->copy();
   // Profiled types are not guarded: the exporter must re-derive them from real inputs.
   torch::jit::RemoveTensorTypeSpecializations(g);
@@ -212,7 +242,7 @@ class GroupOp {
     }
     try {
       if (runner_ == nullptr) {
-        py::object r = (*g_cb.factory)(export_graph(subgraph_), name_);
+        py::object r = (*g_cb.factory)(prepare_for_export(subgraph_), name_);
         runner_ = new py::object(r.attr("run"));
       }
       py::list args(n_inputs_);
@@ -309,14 +339,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       [] { torch::lazy::LazyGraphExecutor::Get()->ClearComputationCache(); },
       "Drop LazyTensor's compiled graphs so the next steps are compiled (and fused) anew.");
   m.def("group_symbol", [] { return kGroup.toQualString(); });
-  m.def(
-      "fuse",
-      [](std::shared_ptr<Graph> graph) {
-        // Runs the pass on a graph directly (tests, explain); ignores set_enabled.
-        bool was = g_enabled.exchange(true);
-        fuse_pass(graph);
-        g_enabled.store(was);
-      },
-      "Apply the fusion pass to `graph` in place.");
   m.attr("torch_version") = ORT_LAZY_STR(ORT_LAZY_TORCH_VERSION);  // torch.__version__ at build
 }

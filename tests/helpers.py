@@ -132,17 +132,20 @@ def run_in_threads(worker: Callable[[int], None], count: int = 8, timeout: float
 def captured_exports() -> Iterator[list[Any]]:
     """Collect every OrtModel the dynamo/fx path exports inside the block."""
     from ort_lazy import partition
+    from ort_lazy.export import cache
 
     captured: list[Any] = []
-    real = partition.export_graph
+    real = cache.export_graph
 
     def spy(gm: Any, name: str, constants: Any = None) -> Any:
         model = real(gm, name, constants)
         captured.append(model)
         return model
 
+    cache.export_graph = spy
     partition.export_graph = spy
     try:
         yield captured
     finally:
+        cache.export_graph = real
         partition.export_graph = real

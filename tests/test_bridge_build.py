@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from ort_lazy.frontends import jit as jit_frontend
+from ort_lazy.runtime import bridge as bridge_runtime
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "cpp" / "build_bridge.py"
@@ -94,9 +95,9 @@ def test_build_with_torch_dir_into_out_dir(tmp_path):
 def test_mismatched_torch_is_a_clear_import_error(tmp_path, monkeypatch):
     (tmp_path / "_bridge_build.json").write_text(json.dumps({"torch_version": "2.99.0+cpu"}))
     (tmp_path / "_bridge.cpython-311-x86_64-linux-gnu.so").write_bytes(b"")
-    monkeypatch.setattr(jit_frontend, "_bridge", None)
-    monkeypatch.setattr(jit_frontend, "_PACKAGE_DIR", tmp_path)
-    monkeypatch.setattr(jit_frontend, "_BUILD_INFO", tmp_path / "_bridge_build.json")
+    monkeypatch.setattr(bridge_runtime, "_bridge", None)
+    monkeypatch.setattr(bridge_runtime, "_PACKAGE_DIR", tmp_path)
+    monkeypatch.setattr(bridge_runtime, "_BUILD_INFO", tmp_path / "_bridge_build.json")
     with pytest.raises(ImportError) as info:
         jit_frontend.load_bridge()
     message = str(info.value)
@@ -107,9 +108,9 @@ def test_mismatched_torch_is_a_clear_import_error(tmp_path, monkeypatch):
 def test_lazy_init_without_bridge_says_how_to_build(tmp_path, monkeypatch):
     import ort_lazy
 
-    monkeypatch.setattr(jit_frontend, "_bridge", None)
-    monkeypatch.setattr(jit_frontend, "_PACKAGE_DIR", tmp_path)
-    monkeypatch.setattr(jit_frontend, "_BUILD_INFO", tmp_path / "_bridge_build.json")
+    monkeypatch.setattr(bridge_runtime, "_bridge", None)
+    monkeypatch.setattr(bridge_runtime, "_PACKAGE_DIR", tmp_path)
+    monkeypatch.setattr(bridge_runtime, "_BUILD_INFO", tmp_path / "_bridge_build.json")
     with pytest.raises(RuntimeError, match=r"python build\.py --enable_lazy_tensor"):
         ort_lazy.lazy.init()
     with pytest.raises(RuntimeError, match="not built"):

@@ -137,11 +137,12 @@ def test_unsupported_node_stays_in_torchscript(ort_jit):
 
 def test_export_failure_falls_back_once_warned(ort_jit, monkeypatch, caplog):
     from ort_lazy.export import torchscript
+    from ort_lazy.frontends import jit as jit_frontend
 
     def broken(*args, **kwargs):
         raise torchscript.TorchScriptExportError("injected export failure")
 
-    monkeypatch.setattr(torchscript, "export_torchscript", broken)
+    monkeypatch.setattr(jit_frontend, "export_torchscript", broken)
 
     def f(x):
         return torch.tanh(x) * x - 3.0
@@ -160,13 +161,13 @@ def test_export_failure_falls_back_once_warned(ort_jit, monkeypatch, caplog):
 
 
 def test_session_failure_falls_back(ort_jit, monkeypatch, caplog):
-    from ort_lazy.runtime import session
+    from ort_lazy.runtime import region, session
 
     class Broken:
         def __init__(self, *args, **kwargs):
             raise session.OrtRunError("injected session failure")
 
-    monkeypatch.setattr(session, "OrtRunner", Broken)
+    monkeypatch.setattr(region, "OrtRunner", Broken)
 
     def f(x):
         return torch.exp(x) / (x * x + 1.0)

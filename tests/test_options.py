@@ -33,6 +33,8 @@ def test_env_sets_every_field():
         "ORT_LAZY_DUMP_DIR": "/tmp/d",
         "ORT_LAZY_CACHE_DIR": "/tmp/c",
         "ORT_LAZY_AUTOTUNE": "1",
+        "ORT_LAZY_STRICT": "1",
+        "ORT_LAZY_NVTX": "1",
     }
     o = Options.from_env(env)
     assert o.providers == ("CPUExecutionProvider",)

@@ -49,7 +49,7 @@ build = _load_build()
 
 
 def package_version() -> str:
-    text = (ROOT / "src" / "ort_lazy" / "__init__.py").read_text()
+    text = (ROOT / "src" / "ort_lazy" / "_version.py").read_text()
     return re.search(r'^__version__\s*=\s*"([^"]+)"', text, re.M).group(1)
 
 
@@ -153,11 +153,13 @@ def test_plan_default_lazy_tensor_test() -> None:
         "remove the other ORT flavours (same module name)",
         "install torch",
         "install dependencies",
+        "install test models (without torchvision)",
         "build the bridge",
         "record the build options in _bridge_build.json",
         "install ort-lazy (editable)",
         "run the tests",
     ]
+    assert argv_of(step(plan, "install test models (without torchvision)"))[-2:] == ["--no-deps", *build.TEST_DEPS_NO_DEPS]
     assert argv_of(step(plan, "remove the other ORT flavours (same module name)"))[-2:] == [
         "onnxruntime-gpu",
         "onnxruntime-training",

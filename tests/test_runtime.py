@@ -32,8 +32,9 @@ def _runner(fn, *example, options=None):
 def test_inputs_and_outputs_cross_without_copy(monkeypatch):
     runner = _runner(lambda x: x + 1, torch.zeros(4))
     seen = {}
-    binding_cls = runner._C.SessionIOBinding
-    real_binding = binding_cls(runner._sess)
+    from ort_lazy.runtime import _ort
+
+    real_binding = _ort.new_binding(runner._sess)
 
     class Spy:
         def bind_input(self, name, dev, et, shape, ptr):

@@ -13,9 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from . import metrics
+from ._version import __version__
 from .options import Options, OptionsError
-
-__version__ = "0.1.0"
 
 __all__ = ["Options", "OptionsError", "compile", "explain", "metrics", "__version__"]
 
@@ -30,9 +29,9 @@ def compile(model: Any, *, dynamic: bool | None = None, fullgraph: bool = False,
 def explain(model: Any, *example_inputs: Any, backward: bool = False, **options: Any) -> Any:
     """Report partitions, the share of ops on ORT and every op left to PyTorch with its reason.
 
-    Returns an :class:`ort_lazy.debug.explain.ExplainReport` (``print`` it, or ``.as_dict()``).
+    Returns an :class:`ort_lazy.debug.records.ExplainReport` (``print`` it, or ``.as_dict()``).
     """
-    from .debug.explain import explain as _explain
+    from .frontends.explain import explain as _explain
 
     return _explain(model, *example_inputs, backward=backward, **options)
 

@@ -21,7 +21,7 @@ __all__ = [
     "torch_version",
     "check_torch_version",
     "onnx_registry",
-    "decomposition_table",
+    "onnx_implemented_overloads",
     "translate_fx_graph",
     "insert_type_promotion",
     "new_ir_model",
@@ -66,6 +66,15 @@ def aot_autograd(**kwargs: Any) -> Any:
     from torch._dynamo.backends.common import aot_autograd as _aot
 
     return _aot(**kwargs)
+
+
+def dynamo_control_exceptions() -> tuple[type[BaseException], ...]:
+    """Exceptions dynamo raises through a backend to steer its own tracing (restart the
+    analysis, skip the frame): a backend must let them pass, never treat them as failures."""
+    from torch._dynamo import exc
+
+    names = ("TensorifyScalarRestartAnalysis", "ShortenTraceback", "SkipFrame", "RestartAnalysis")
+    return tuple(getattr(exc, n) for n in names if isinstance(getattr(exc, n, None), type))
 
 
 def tracing_context(fake_mode: Any) -> Any:
@@ -154,80 +163,10 @@ def onnx_registry() -> Any:
         return _registration.ONNXRegistry.from_torchlib()
 
 
-def distrusted_ops() -> dict[Any, str]:
-    """Overloads whose torchlib translation gives wrong results, with the reason.
-
-    They are decomposed into smaller aten ops (torch's own decompositions) instead of being
-    translated whole; if one still reaches the partitioner it stays in PyTorch.
-    """
-    aten = torch.ops.aten
-    return {
-        # ORT's BatchNormalization(training_mode=1) neither matches torch's running-variance
-        # update (unbiased) nor returns the saved mean / inverse std torch's backward needs.
-        aten._native_batch_norm_legit_functional.default: "training batch norm translation is wrong",
-        aten._native_batch_norm_legit.default: "training batch norm translation is wrong",
-        aten.native_batch_norm.default: "training batch norm translation is wrong",
-        # torchlib returns a wrongly shaped logsumexp, which training graphs save for backward.
-        aten._scaled_dot_product_flash_attention_for_cpu.default: "auxiliary logsumexp output is wrong",
-    }
-
-
-def _op_key(op: Any) -> str | None:
-    if isinstance(op, torch._ops.OpOverload):
-        return f"{op.namespace}::{op._schema.name.split('::')[-1]}.{op._overloadname}"
-    return None
-
-
-def _op_from_key(key: str) -> Any:
-    namespace, _, rest = key.partition("::")
-    name, _, overload = rest.rpartition(".")
-    try:
-        return getattr(getattr(getattr(torch.ops, namespace), name), overload)
-    except (AttributeError, RuntimeError):
-        return None
-
-
-@functools.lru_cache(maxsize=8)
-def registered_ops(cache_dir: str | None = None) -> frozenset[Any]:
-    """aten overloads the exporter translates.
-
-    Building the registry costs seconds per process; with a compile cache directory the list
-    is read from there, so a warm process never builds it unless it has to export.
-    """
-    from .runtime.disk_cache import disk_cache
-
-    cache = disk_cache(cache_dir)
-    names = cache.get_json("registered-ops") if cache is not None else None
-    if not isinstance(names, list):
-        _, _, _decomp, _, _, _ = _exporter()
-        ops = _decomp.get_onnx_implemented_overloads(onnx_registry())
-        names = sorted({k for k in (_op_key(op) for op in ops) if k})
-        if cache is not None:
-            cache.put_json("registered-ops", names)
-    return frozenset(op for op in (_op_from_key(n) for n in names) if op is not None)
-
-
-@functools.lru_cache(maxsize=8)
-def decomposition_table(cache_dir: str | None = None) -> dict[Any, Any]:
-    """Decompositions for ops the exporter cannot translate (or translates wrongly).
-
-    torch's own decompositions, except for ops the exporter translates whole. Built without
-    importing the exporter (seconds), so a process with a warm compile cache never loads it.
-    """
-    implemented = set(registered_ops(cache_dir)) - set(distrusted_ops())
-    table: dict[Any, Any] = {}
-    for source in (torch.export.default_decompositions(), torch._decomp.decomposition_table):
-        for op, fn in source.items():
-            if op in implemented or op in table or not hasattr(op, "_schema"):
-                continue
-            table[op] = fn
-    for op in distrusted_ops():
-        if op not in table and op in torch._decomp.decomposition_table:
-            table[op] = torch._decomp.decomposition_table[op]
-    from .lowering import DECOMPOSITIONS
-
-    table.update(DECOMPOSITIONS)
-    return table
+def onnx_implemented_overloads() -> list[Any]:
+    """Every aten overload the exporter's registry translates (builds the registry: seconds)."""
+    _, _, _decomp, _, _, _ = _exporter()
+    return list(_decomp.get_onnx_implemented_overloads(onnx_registry()))
 
 
 def insert_type_promotion(gm: torch.fx.GraphModule) -> None:
@@ -268,10 +207,3 @@ def finalize_ir_model(model: Any) -> None:
     """Add the opset imports the translated nodes use."""
     _, _, _, _, _ir_passes, _ = _exporter()
     _ir_passes.add_opset_imports(model)
-
-
-def is_registered(target: Any, cache_dir: str | None = None) -> bool:
-    """Whether the exporter has an ONNX translation for the aten overload ``target``."""
-    if target in distrusted_ops():
-        return False
-    return target in registered_ops(cache_dir)

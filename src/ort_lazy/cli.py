@@ -21,7 +21,7 @@ def info() -> dict[str, Any]:
     """Versions, ORT flavour and providers, bridge state and CUDA availability."""
     import torch
 
-    from . import __version__
+    from ._version import __version__
     from .runtime import flavour
 
     ort = flavour.onnxruntime()
@@ -248,7 +248,7 @@ def _load_factory(target: str) -> tuple[Any, tuple[Any, ...]]:
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
-    from .debug.explain import explain
+    from .frontends.explain import explain
     from .models import BUILTIN, get
 
     if args.model in BUILTIN:

@@ -13,7 +13,7 @@ Needs the compiled bridge (``python build.py --enable_lazy_tensor``).
 
 from __future__ import annotations
 
-from .frontends.jit import BridgeUnavailableError
 from .frontends.lazy import init, is_initialized, shutdown
+from .runtime.bridge import BridgeUnavailableError
 
 __all__ = ["init", "shutdown", "is_initialized", "BridgeUnavailableError"]

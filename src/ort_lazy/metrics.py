@@ -7,8 +7,6 @@ what fell back to PyTorch and why.
 from __future__ import annotations
 
 import collections
-import functools
-import itertools
 import json
 import logging
 import os
@@ -42,6 +40,7 @@ _COUNTER_NAMES = (
     "regions_on_ort",
     "fallback_ops",
     "fallback_regions",
+    "compile_failures",
     "export_failures",
     "ort_failures",
     "graphs_compiled",
@@ -69,23 +68,41 @@ def series(name: str, maxlen: int = 2048) -> collections.deque[float]:
         return existing
 
 
-# Hot-path counters: ``next()`` on an itertools.count is atomic under the GIL and lock-free.
-_fast: dict[str, itertools.count[int]] = {}
-_fast_base: dict[str, int] = {}
+class _Ticker:
+    """A hot-path counter: ``+1`` without a lock.
+
+    ``self.value += 1`` is not atomic across threads in CPython, so each thread counts in its
+    own slot (a dict keyed by thread id: a single store per call); the total is their sum.
+    """
+
+    __slots__ = ("_slots", "_base")
+
+    def __init__(self) -> None:
+        self._slots: dict[int, int] = {}
+        self._base = 0
+
+    def tick(self) -> None:
+        slots = self._slots
+        ident = threading.get_ident()
+        slots[ident] = slots.get(ident, 0) + 1
+
+    def total(self) -> int:
+        return sum(list(self._slots.values())) - self._base
+
+    def zero(self) -> None:
+        self._base = sum(list(self._slots.values()))
 
 
-def _peek(counter: itertools.count[int]) -> int:
-    return int(counter.__reduce__()[1][0])  # type: ignore[index]
+_fast: dict[str, _Ticker] = {}
 
 
-def ticker(name: str) -> Callable[[], int]:
+def ticker(name: str) -> Callable[[], None]:
     """A lock-free ``+1`` for counter ``name`` (for per-call paths); shown by :func:`counters`."""
     with _lock:
         counter = _fast.get(name)
         if counter is None:
-            counter = _fast[name] = itertools.count()
-            _fast_base[name] = 0
-    return functools.partial(next, counter)
+            counter = _fast[name] = _Ticker()
+    return counter.tick
 
 
 def increment(name: str, amount: int = 1) -> None:
@@ -135,7 +152,7 @@ def counters() -> dict[str, int]:
         out = {name: 0 for name in _COUNTER_NAMES}
         out.update(_counters)
         for name, counter in _fast.items():
-            out[name] = out.get(name, 0) + _peek(counter) - _fast_base[name]
+            out[name] = out.get(name, 0) + counter.total()
         return out
 
 
@@ -181,8 +198,8 @@ def reset() -> None:
         _timings.clear()
         for values in _series.values():
             values.clear()
-        for name, counter in _fast.items():
-            _fast_base[name] = _peek(counter)
+        for counter in _fast.values():
+            counter.zero()
 
 
 def report() -> str:
@@ -211,5 +228,8 @@ def append_compile_record(record: dict[str, Any]) -> None:
     if not path:
         return
     line = json.dumps(record, sort_keys=True, default=str)
-    with _lock, open(path, "a", encoding="utf-8") as f:
-        f.write(line + "\n")
+    try:
+        with _lock, open(path, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+    except OSError as e:  # a metrics problem never changes what runs where
+        warn_once(f"metrics-file:{path}", "ort-lazy: cannot append to ORT_LAZY_METRICS_FILE=%s: %s", path, e)

@@ -81,6 +81,11 @@ class Options:
             input schema there.
         cache_dir: when set, exported ONNX models persist there across processes.
         autotune: time each region on ORT and in PyTorch at compile time and keep the faster.
+        nvtx: emit NVTX ranges around export, session creation and every ORT run (for
+            Nsight Systems; needs a CUDA build of torch).
+        strict: raise the exception instead of running a graph in PyTorch when compiling it
+            fails (for debugging ort-lazy itself; the default never lets a compile failure
+            reach the model).
     """
 
     providers: tuple[str, ...] | None = None
@@ -98,6 +103,8 @@ class Options:
     dump_dir: str | None = None
     cache_dir: str | None = None
     autotune: bool = False
+    nvtx: bool = False
+    strict: bool = False
 
     def __post_init__(self) -> None:
         _set = object.__setattr__
@@ -108,7 +115,7 @@ class Options:
         _set(self, "min_block_size", _parse_int(self.min_block_size, "min_block_size", 1))
         _set(self, "cache_size", _parse_int(self.cache_size, "cache_size", 1))
         _set(self, "torch_executed_ops", _parse_ops(self.torch_executed_ops, "torch_executed_ops"))
-        for name in ("freeze_weights", "dynamic", "autotune"):
+        for name in ("freeze_weights", "dynamic", "autotune", "nvtx", "strict"):
             _set(self, name, _parse_bool(getattr(self, name), name))
         if self.allow_spinning is not None:
             _set(self, "allow_spinning", _parse_bool(self.allow_spinning, "allow_spinning"))

@@ -10,6 +10,7 @@ creation.
 
 from __future__ import annotations
 
+import functools
 import json
 import operator
 import threading
@@ -20,35 +21,26 @@ import torch
 import torch.fx
 
 from . import _compat
+from .opnames import lookup, op_name
 from .options import Options
+from .reasons import Reason
 
 __all__ = [
     "Reason",
-    "op_name",
+    "DISTRUSTED",
+    "registered_ops",
+    "translatable",
     "unsupported_reason",
     "is_excluded",
     "probe_op",
     "probe_ops",
     "op_reason",
+    "torchscript_reason",
     "static_reason",
     "graph_reasons",
+    "save_support_table",
     "NEEDS_PROBE",
 ]
-
-
-class Reason:
-    """Why an op stays in PyTorch (stable strings shown by metrics and explain)."""
-
-    NO_MAPPING = "no ONNX mapping for this op"
-    NO_KERNEL = "no ORT kernel for these dtypes on this provider"
-    EXCLUDED = "excluded by the user (torch_executed_ops)"
-    EXPORT_FAILED = "export failed"
-    ORT_FAILED = "ORT session or run failed"
-    UNSUPPORTED_DTYPE = "dtype not supported by ORT"
-    SYMBOLIC = "produces a Python scalar (symbolic shape arithmetic)"
-    MUTATION = "mutates its input in place (kept in PyTorch)"
-    SMALL_REGION = "region smaller than min_block_size"
-    AUTOTUNE = "PyTorch was faster for this region (autotune)"
 
 
 # dtypes ONNX/ORT can carry at all across the boundary.
@@ -68,12 +60,50 @@ _CARRIED = {
 # Ops that only shuffle metadata or are pure Python plumbing, always kept with their producer.
 _GETITEM = operator.getitem
 
+#: Devices an ORT execution provider can read tensors from.
+_DEVICES = ("cpu", "cuda")
 
-def op_name(target: Any) -> str:
-    """``aten.mul.Tensor`` for an OpOverload, a readable name for anything else."""
-    if isinstance(target, torch._ops.OpOverload):
-        return f"{target.namespace}.{target._schema.name.split('::')[-1]}.{target._overloadname}"
-    return getattr(target, "__name__", str(target))
+
+def _distrusted() -> dict[Any, str]:
+    aten = torch.ops.aten
+    return {
+        # ORT's BatchNormalization(training_mode=1) neither matches torch's running-variance
+        # update (unbiased) nor returns the saved mean / inverse std torch's backward needs.
+        aten._native_batch_norm_legit_functional.default: "training batch norm translation is wrong",
+        aten._native_batch_norm_legit.default: "training batch norm translation is wrong",
+        aten.native_batch_norm.default: "training batch norm translation is wrong",
+        # torchlib returns a wrongly shaped logsumexp, which training graphs save for backward.
+        aten._scaled_dot_product_flash_attention_for_cpu.default: "auxiliary logsumexp output is wrong",
+    }
+
+
+#: Overloads the exporter translates, but wrongly (reason as value). They are decomposed
+#: into smaller aten ops before partitioning (see :mod:`ort_lazy.lowering.decompositions`); one
+#: that still reaches the partitioner stays in PyTorch.
+DISTRUSTED: dict[Any, str] = _distrusted()
+
+
+@functools.lru_cache(maxsize=8)
+def registered_ops(cache_dir: str | None = None) -> frozenset[Any]:
+    """aten overloads the exporter has a translation for (trusted or not).
+
+    Building the exporter's registry costs seconds per process; with a compile cache directory
+    the list is read from there, so a warm process never builds it unless it has to export.
+    """
+    from .runtime.disk_cache import disk_cache
+
+    cache = disk_cache(cache_dir)
+    names = cache.get_json("registered-ops") if cache is not None else None
+    if not isinstance(names, list):
+        names = sorted({op_name(op) for op in _compat.onnx_implemented_overloads()})
+        if cache is not None:
+            cache.put_json("registered-ops", names)
+    return frozenset(op for op in (lookup(n) for n in names) if isinstance(op, torch._ops.OpOverload))
+
+
+def translatable(target: Any, cache_dir: str | None = None) -> bool:
+    """Whether the exporter translates the overload ``target`` and the translation is trusted."""
+    return target not in DISTRUSTED and target in registered_ops(cache_dir)
 
 
 def is_excluded(target: Any, options: Options) -> bool:
@@ -127,14 +157,16 @@ def static_reason(node: torch.fx.Node, options: Options) -> str | None:
         return Reason.SYMBOLIC
     if target._schema.is_mutable:
         return Reason.MUTATION
-    if not _compat.is_registered(target, options.cache_dir):
+    if target in DISTRUSTED:
+        return f"{Reason.DISTRUSTED} ({DISTRUSTED[target]})"
+    if target not in registered_ops(options.cache_dir):
         return Reason.NO_MAPPING
     in_metas = [m for m in _flat_metas(torch.fx.node.map_aggregate(node.args, _meta))]
     in_metas += _flat_metas(torch.fx.node.map_aggregate(node.kwargs, _meta))
     tensors = [t for t in in_metas + outs if isinstance(t, torch.Tensor)]
+    if any(t.device.type not in _DEVICES for t in tensors):
+        return Reason.UNSUPPORTED_DEVICE
     if any(t.dtype not in _CARRIED for t in tensors):
-        return Reason.UNSUPPORTED_DTYPE
-    if any(t.device.type not in ("cpu", "cuda", "meta") for t in tensors):
         return Reason.UNSUPPORTED_DTYPE
     return NEEDS_PROBE
 
@@ -199,6 +231,50 @@ def op_reason(
     node = graph.call_function(target, node_args, node_kwargs)  # type: ignore[arg-type]
     node.meta["val"] = torch.fx.node.map_aggregate(output, fake)
     return unsupported_reason(node, options, providers)
+
+
+def torchscript_reason(op: str, overload: str, inputs: Sequence[Any], options: Options) -> str | None:
+    """:func:`op_reason` for a TorchScript node described by the bridge.
+
+    ``op`` is TorchScript's name (``aten::mul``); each input is ``("tensor", dtype, sizes or
+    rank, device or None)`` or ``("const", value)``. The op runs once on meta tensors of those
+    shapes to learn its outputs.
+    """
+    from .export.torchscript import COPY_TO_VIEW
+
+    # The exporter rewrites functionalized ``*_copy`` ops to their views (same values), so
+    # they are supported exactly when the view op is.
+    target = lookup(f"{COPY_TO_VIEW.get(op, op)}.{overload or 'default'}")
+    if not isinstance(target, torch._ops.OpOverload):
+        return Reason.NO_MAPPING
+    device: torch.device | None = None
+    values: list[Any] = []
+    for desc in inputs:
+        if desc[0] == "tensor":
+            _, dtype, sizes, dev = desc
+            shape = [1] * sizes if isinstance(sizes, int) else list(sizes)
+            values.append(torch.empty(shape, dtype=dtype, device="meta"))
+            if dev is not None and device is None:
+                device = torch.device(dev)
+        else:
+            values.append(desc[1])
+    if device is not None and device.type not in _DEVICES:
+        return Reason.UNSUPPORTED_DEVICE
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    for arg, value in zip(target._schema.arguments, values):
+        if arg.kwarg_only:
+            kwargs[arg.name] = value
+        else:
+            args.append(value)
+    try:
+        output = target(*args, **kwargs)
+    except Exception:
+        return Reason.NO_MAPPING
+    try:
+        return op_reason(target, args, kwargs, output, options, options.resolve_providers(device))
+    except Exception:
+        return Reason.EXPORT_FAILED
 
 
 _probe_lock = threading.Lock()
@@ -344,22 +420,19 @@ def _translation_problem(model: Any, providers: tuple[str, ...]) -> str | None:
     there instead of at session creation.
     """
     import onnx
-    import onnx.inliner
     import onnx_ir as ir
 
+    from .export.fx import reinfer_types
     from .runtime.kernels import unsupported_nodes
 
     bad = unsupported_nodes(model, providers)
     if not bad:
-        proto = onnx.inliner.inline_local_functions(ir.serde.serialize_model(model))
         # types are what ORT checks at load; torch's shapes of unused auxiliary outputs (empty
         # save_mean of an eval batch norm) may differ from the ONNX op's without harm
-        for value in list(proto.graph.value_info) + list(proto.graph.output):
-            value.type.tensor_type.ClearField("shape")
         try:
-            inferred = onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True, data_prop=True)
+            inferred = reinfer_types(ir.serde.serialize_model(model), inline=True)
         except onnx.shape_inference.InferenceError as e:
-            return f"{Reason.NO_KERNEL}: ONNX type inference rejects the translation ({str(e).splitlines()[0][:160]})"
+            return f"{Reason.BAD_TRANSLATION}: {str(e).splitlines()[0][:160]}"
         bad = unsupported_nodes(ir.serde.deserialize_model(inferred), providers)
     if bad:
         return f"{Reason.NO_KERNEL}: " + ", ".join(sorted({b.describe() for b in bad}))

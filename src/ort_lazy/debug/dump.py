@@ -7,17 +7,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..runtime.session import OrtModel, TensorSpec
+from ..specs import OrtModel
 
-__all__ = ["dump_region", "schema_dict"]
-
-
-def schema_dict(specs: list[TensorSpec], names: list[str]) -> list[dict[str, Any]]:
-    """A JSON-friendly description of inputs or outputs."""
-    return [
-        {"name": n, "dtype": str(s.dtype).replace("torch.", ""), "shape": list(s.shape), "device": str(s.device), "scalar": s.scalar}
-        for n, s in zip(names, specs)
-    ]
+__all__ = ["dump_region"]
 
 
 def dump_region(directory: str, name: str, source: Any, model: OrtModel) -> Path:
@@ -32,12 +24,7 @@ def dump_region(directory: str, name: str, source: Any, model: OrtModel) -> Path
     _atomic_write(prefix.with_suffix(".onnx"), model.model_bytes)
     text = getattr(source, "code", None) or str(source)
     _atomic_write(prefix.with_suffix(".graph.txt"), text.encode())
-    schema = {
-        "region": name,
-        "digest": model.digest,
-        "inputs": schema_dict(model.input_specs, model.input_names),
-        "outputs": schema_dict(model.output_specs, model.output_names),
-    }
+    schema = {"region": name, "digest": model.digest, **model.describe()}
     _atomic_write(prefix.with_suffix(".schema.json"), json.dumps(schema, indent=2).encode())
     return prefix
 

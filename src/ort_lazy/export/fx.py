@@ -11,9 +11,9 @@ import torch
 import torch.fx
 
 from .. import _compat, metrics
-from ..runtime.session import TORCH_TO_ONNX, OrtModel, TensorSpec
+from ..specs import TORCH_TO_ONNX, OrtModel, TensorSpec
 
-__all__ = ["ExportError", "translate", "export_graph", "single_node_graph", "spec_of"]
+__all__ = ["ExportError", "translate", "export_graph", "single_node_graph", "isolated_nodes_graph", "spec_of", "reinfer_types"]
 
 
 class ExportError(RuntimeError):
@@ -293,13 +293,8 @@ def _check_inferred_types(proto: Any, out_specs: list[TensorSpec], name: str) ->
     """
     import onnx
 
-    probe = onnx.ModelProto()
-    probe.CopyFrom(proto)
-    del probe.graph.value_info[:]
-    for out in probe.graph.output:
-        out.type.tensor_type.ClearField("shape")
     try:
-        inferred = onnx.shape_inference.infer_shapes(probe, check_type=True, strict_mode=True, data_prop=True)
+        inferred = reinfer_types(proto)
     except onnx.shape_inference.InferenceError as e:
         raise ExportError(f"{name}: ONNX inference rejects the model: {str(e).splitlines()[0]}") from e
     for out, spec in zip(inferred.graph.output, out_specs):
@@ -316,3 +311,27 @@ def _check_inferred_types(proto: Any, out_specs: list[TensorSpec], name: str) ->
                 f"{name}: output {out.name} has inferred shape {[d if d is not None else '?' for d in dims]}, "
                 f"the graph says {list(spec.shape)} (wrong translation)"
             )
+
+
+def reinfer_types(proto: Any, inline: bool = False) -> Any:
+    """ONNX's own types and shapes for ``proto``, ignoring the ones the translator declared.
+
+    The translator annotates values with torch's shapes, which would hide a translation that
+    computes something else; so intermediate annotations are dropped and output shapes cleared
+    before strict inference (types checked). ``inline``: inline local functions first, whose
+    bodies carry no types (a node inside one is only checked after inlining). ``proto`` is not
+    modified.
+
+    Raises:
+        onnx.shape_inference.InferenceError: the model is ill-typed.
+    """
+    import onnx
+    import onnx.inliner
+
+    probe = onnx.inliner.inline_local_functions(proto) if inline else onnx.ModelProto()
+    if not inline:
+        probe.CopyFrom(proto)
+    del probe.graph.value_info[:]
+    for out in probe.graph.output:
+        out.type.tensor_type.ClearField("shape")
+    return onnx.shape_inference.infer_shapes(probe, check_type=True, strict_mode=True, data_prop=True)

@@ -18,13 +18,12 @@ from typing import Any
 import torch
 
 from .. import _compat
-from ..runtime.session import TORCH_TO_ONNX, OrtModel, TensorSpec
+from ..specs import TORCH_TO_ONNX, OrtModel, TensorSpec
 
-__all__ = ["MAX_OPSET", "DEFAULT_OPSET", "TorchScriptExportError", "export_torchscript"]
+__all__ = ["OPSET", "COPY_TO_VIEW", "TorchScriptExportError", "export_torchscript"]
 
-#: The TorchScript exporter supports opsets up to 20.
-MAX_OPSET = 20
-DEFAULT_OPSET = 18
+#: ONNX opset of exported groups (the TorchScript exporter supports opsets up to 20).
+OPSET = 18
 
 
 class TorchScriptExportError(RuntimeError):
@@ -36,7 +35,6 @@ def export_torchscript(
     example_inputs: Sequence[torch.Tensor],
     *,
     name: str = "ts_group",
-    opset: int = DEFAULT_OPSET,
     no_fusion: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
 ) -> OrtModel:
     """Export a TorchScript ``graph`` (tensor inputs, one tensor or a tuple out) to ONNX.
@@ -45,7 +43,6 @@ def export_torchscript(
         graph: the subgraph; it is copied, never modified.
         example_inputs: tensors with the dtypes, shapes and devices the model will get.
         name: a name for the model (shown in errors and metrics).
-        opset: ONNX opset, at most :data:`MAX_OPSET`.
         no_fusion: a context manager that suspends the bridge's fusion pass, entered while
             the subgraph runs once (for the output specs) and while it is exported.
 
@@ -57,8 +54,6 @@ def export_torchscript(
     Raises:
         TorchScriptExportError: the exporter failed or produced an unexpected model.
     """
-    if not 7 <= opset <= MAX_OPSET:
-        raise ValueError(f"opset must be in [7, {MAX_OPSET}], got {opset}")
     graph = _views_for_copies(graph)
     args = tuple(t.detach() for t in example_inputs)
     in_names = [f"in_{i}" for i in range(len(args))]
@@ -72,14 +67,14 @@ def export_torchscript(
         raise TorchScriptExportError(f"{name}: the subgraph returns non-tensor values")
     out_names = [f"out_{j}" for j in range(len(outs))]
     wanted = [TORCH_TO_ONNX.get(o.dtype) for o in outs]
-    proto = _export(graph, args, in_names, out_names, name, opset, no_fusion, None)
+    proto = _export(graph, args, in_names, out_names, name, no_fusion, None)
     got = _output_types(proto)
     if got != wanted:
         # The exporter types all-0-d arithmetic with the default dtype (a float64 scalar
         # graph comes out float32). Exporting under the dtype torch produced fixes that.
         floats = {o.dtype for o, g, w in zip(outs, got, wanted) if g != w and o.dtype.is_floating_point}
         if len(floats) == 1 and next(iter(floats)) in (torch.float32, torch.float64):
-            proto = _export(graph, args, in_names, out_names, name, opset, no_fusion, floats.pop())
+            proto = _export(graph, args, in_names, out_names, name, no_fusion, floats.pop())
             got = _output_types(proto)
     if got != wanted:
         raise TorchScriptExportError(
@@ -103,7 +98,7 @@ def export_torchscript(
 
 #: Functionalized graphs (LazyTensor) use the ``*_copy`` forms of view ops, which the
 #: TorchScript exporter does not know; with no mutation in the graph the views are equal.
-_COPY_TO_VIEW = {
+COPY_TO_VIEW = {
     f"aten::{name}_copy": f"aten::{name}"
     for name in (
         "alias", "as_strided", "detach", "diagonal", "expand", "narrow", "permute", "select",
@@ -117,12 +112,12 @@ def _views_for_copies(graph: torch._C.Graph) -> torch._C.Graph:
     """A copy of ``graph`` with ``aten::view_copy`` and friends replaced by their views."""
     graph = graph.copy()
     nodes: list[torch._C.Node] = []
-    for kind in _COPY_TO_VIEW:
+    for kind in COPY_TO_VIEW:
         nodes.extend(graph.findAllNodes(kind, True))
     if any(n.schema() != "(no schema)" and "!" in n.schema() for n in graph.nodes()):
         return graph  # a mutating node might observe the aliasing: keep the copies
     for node in nodes:
-        view = graph.create(_COPY_TO_VIEW[node.kind()], list(node.inputs()), node.outputsSize())
+        view = graph.create(COPY_TO_VIEW[node.kind()], list(node.inputs()), node.outputsSize())
         view.insertBefore(node)
         for old, new in zip(node.outputs(), view.outputs()):
             new.setType(old.type())
@@ -141,7 +136,6 @@ def _export(
     in_names: list[str],
     out_names: list[str],
     name: str,
-    opset: int,
     no_fusion: Callable[[], contextlib.AbstractContextManager[Any]],
     default_dtype: torch.dtype | None,
 ) -> Any:
@@ -161,7 +155,7 @@ def _export(
                 args,
                 buf,
                 dynamo=False,
-                opset_version=opset,
+                opset_version=OPSET,
                 input_names=in_names,
                 output_names=out_names,
                 do_constant_folding=True,

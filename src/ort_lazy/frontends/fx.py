@@ -9,15 +9,15 @@ import torch
 import torch.fx
 import torch.utils._pytree as pytree
 
-from ..lowering import lower_fast_paths
+from ..lowering.aten import compile_captured
 from ..options import Options
-from .dynamo import _compile_dynamo_graph
 
 __all__ = ["compile"]
 
 
 class _FlatOutputs(torch.nn.Module):
-    """Returns the wrapped module's outputs as a flat tuple (what AOTAutograd needs)."""
+    """Returns the wrapped module's outputs as a flat tuple (what AOTAutograd needs) and
+    records their structure when traced."""
 
     def __init__(self, inner: torch.nn.Module) -> None:
         super().__init__()
@@ -33,20 +33,18 @@ def compile(gm: torch.fx.GraphModule | torch.nn.Module, example_inputs: Sequence
     """Compile a torch.fx GraphModule (or any module) so its supported parts run on ORT.
 
     The graph is lowered to aten ops with AOTAutograd (so training works) and partitioned like
-    the dynamo path, specialised to the example inputs' shapes. Returns a callable taking the
-    same positional inputs and returning the same output structure.
+    the dynamo path, specialised to the example inputs' shapes. Compiling traces on fake
+    tensors: neither the module (buffers such as BatchNorm's running statistics) nor the
+    example inputs change. Returns a callable taking the same positional inputs and returning
+    the same output structure.
     """
     opts = Options.from_env(**options)
-    if isinstance(gm, torch.fx.GraphModule):
-        lower_fast_paths(gm)
     flat = _FlatOutputs(gm)
-    with torch.no_grad():
-        flat(*example_inputs)  # records the output structure
-    spec = flat.spec
-    compiled = _compile_dynamo_graph(flat, list(example_inputs), opts)
+    compiled = compile_captured(flat, list(example_inputs), opts)
 
     def run(*args: Any) -> Any:
-        out = compiled(*args)
-        return pytree.tree_unflatten(list(out), spec)
+        out = compiled(*args)  # tracing (or a fallback run of the module) has set flat.spec
+        assert flat.spec is not None
+        return pytree.tree_unflatten(list(out), flat.spec)
 
     return run

@@ -1,7 +1,7 @@
 """LazyTensor front door: the LTC TorchScript backend, with ORT executing its graphs.
 
 ``torch._lazy.ts_backend`` lowers each traced step to a TorchScript graph and runs it with
-a ``GraphExecutor``; the bridge's post pass (see :mod:`ort_lazy.frontends.jit`) fuses the
+a ``GraphExecutor``; the bridge's post pass (see :mod:`ort_lazy.runtime.bridge`) fuses the
 supported nodes of those graphs, forward and backward alike, into groups that run on ORT.
 """
 
@@ -12,7 +12,8 @@ from typing import Any
 
 from .. import _compat, metrics
 from ..options import Options
-from . import jit as _jit
+from ..runtime import bridge as _bridge
+from . import jit as _jit  # noqa: F401  (installs the bridge's callbacks)
 
 __all__ = ["init", "is_initialized", "shutdown", "clear_cache"]
 
@@ -34,9 +35,9 @@ def init(**options: Any) -> Options:
     global _backend_ready
     opts = Options.from_env(**options)
     try:
-        bridge = _jit.load_bridge()
-    except _jit.BridgeUnavailableError as e:
-        raise _jit.BridgeUnavailableError(f"ort_lazy.lazy.init(): {e}") from e
+        bridge = _bridge.load_bridge()
+    except _bridge.BridgeUnavailableError as e:
+        raise _bridge.BridgeUnavailableError(f"ort_lazy.lazy.init(): {e}") from e
     with _lock:
         if not _backend_ready:
             if not _compat.lazy_backend_registered():  # init twice is an error in torch
@@ -45,7 +46,7 @@ def init(**options: Any) -> Options:
         # add's alpha=1 (and other 0/1 scalars) become constants instead of
         # aten::ScalarImplicit(device data), which would cut every add out of the groups.
         bridge.set_handle_special_scalars(True)
-    _jit.activate("lazy", opts)
+    _bridge.activate("lazy", opts)
     # Graphs compiled before (plain TorchScript, or other options) would keep their plan.
     bridge.clear_lazy_computation_cache()
     _warn_if_distributed()
@@ -68,7 +69,7 @@ def _warn_if_distributed() -> None:
 def clear_cache() -> None:
     """Drop LazyTensor's compiled graphs: the next steps are compiled with the current options."""
     if _backend_ready:
-        _jit.load_bridge().clear_lazy_computation_cache()
+        _bridge.load_bridge().clear_lazy_computation_cache()
 
 
 def shutdown() -> None:
@@ -76,10 +77,10 @@ def shutdown() -> None:
 
     Compiled graphs are dropped, so later steps run in plain TorchScript.
     """
-    _jit.deactivate("lazy")
+    _bridge.deactivate("lazy")
     clear_cache()
 
 
 def is_initialized() -> bool:
     """Whether :func:`init` is in effect."""
-    return "lazy" in _jit._users
+    return "lazy" in _bridge.users()

@@ -32,7 +32,7 @@ from .. import metrics
 __all__ = ["DiskCache", "disk_cache", "cache_key", "versions"]
 
 logger = logging.getLogger("ort_lazy")
-_FORMAT = 1
+_FORMAT = 2
 
 
 @functools.lru_cache(maxsize=1)
@@ -40,7 +40,7 @@ def versions() -> dict[str, str]:
     """The versions every key depends on."""
     import torch
 
-    from .. import __version__
+    from .._version import __version__
     from .flavour import flavour, onnxruntime
 
     return {

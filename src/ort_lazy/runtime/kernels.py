@@ -10,7 +10,7 @@ import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from .flavour import onnxruntime
+from ._ort import kernel_defs
 
 __all__ = ["KernelRegistry", "kernel_registry", "UnsupportedNode"]
 
@@ -92,10 +92,7 @@ def _norm_domain(domain: str) -> str:
 @functools.lru_cache(maxsize=1)
 def kernel_registry() -> KernelRegistry:
     """The installed onnxruntime's kernel registry (read once)."""
-    onnxruntime()
-    from onnxruntime.capi import _pybind_state as C
-
-    return KernelRegistry(C.get_all_opkernel_def())
+    return KernelRegistry(kernel_defs())
 
 
 @functools.lru_cache(maxsize=4096)

@@ -9,49 +9,25 @@ from __future__ import annotations
 
 import atexit
 import collections
-import hashlib
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 from .. import metrics
+from ..debug.nvtx import nvtx_range
 from ..options import Options
+from ..specs import OrtModel, TensorSpec
+from . import _ort
 from .flavour import max_ir_version, onnxruntime
 
-__all__ = [
-    "TensorSpec",
-    "OrtModel",
-    "SessionCache",
-    "session_cache",
-    "create_session",
-    "OrtRunner",
-    "OrtRunError",
-    "TORCH_TO_ONNX",
-]
-
-# torch dtype -> ONNX TensorProto element type
-TORCH_TO_ONNX: dict[torch.dtype, int] = {
-    torch.float32: 1,
-    torch.uint8: 2,
-    torch.int8: 3,
-    torch.int16: 5,
-    torch.int32: 6,
-    torch.int64: 7,
-    torch.bool: 9,
-    torch.float16: 10,
-    torch.float64: 11,
-    torch.complex64: 14,
-    torch.complex128: 15,
-    torch.bfloat16: 16,
-}
+__all__ = ["SessionCache", "session_cache", "create_session", "OrtRunner", "OrtRunError", "NUMPY_TYPES"]
 
 # numpy element types for IOBinding; bfloat16 has none and is passed as its ONNX enum.
-_NUMPY_TYPES: dict[torch.dtype, Any] = {
+NUMPY_TYPES: dict[torch.dtype, Any] = {
     torch.float32: np.float32,
     torch.float64: np.float64,
     torch.float16: np.float16,
@@ -67,58 +43,6 @@ _NUMPY_TYPES: dict[torch.dtype, Any] = {
 
 class OrtRunError(RuntimeError):
     """ORT failed to create a session or to run one; callers fall back to PyTorch."""
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """dtype, shape (ints, or names for symbolic dims) and device of one graph input/output.
-
-    ``scalar`` marks a Python number (SymInt/SymFloat/SymBool) bound as a 0-d tensor.
-    """
-
-    dtype: torch.dtype
-    shape: tuple[int | str, ...]
-    device: torch.device
-    scalar: bool = False
-
-    @property
-    def static(self) -> bool:
-        """Whether every dim is a concrete int."""
-        return all(isinstance(d, int) for d in self.shape)
-
-
-def spec_to_json(spec: TensorSpec) -> dict[str, Any]:
-    """A JSON-friendly form of ``spec`` (see :func:`spec_from_json`)."""
-    return {
-        "dtype": str(spec.dtype).replace("torch.", ""),
-        "shape": list(spec.shape),
-        "device": str(spec.device),
-        "scalar": spec.scalar,
-    }
-
-
-def spec_from_json(data: dict[str, Any]) -> TensorSpec:
-    """Inverse of :func:`spec_to_json`; rejects unknown dtypes (no arbitrary lookups)."""
-    dtype = getattr(torch, str(data["dtype"]), None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown dtype {data['dtype']!r}")
-    shape = tuple(d if isinstance(d, int) else str(d) for d in data["shape"])
-    return TensorSpec(dtype, shape, torch.device(str(data["device"])), bool(data.get("scalar", False)))
-
-
-@dataclass
-class OrtModel:
-    """A serialized ONNX model with the torch-side description of its inputs and outputs."""
-
-    model_bytes: bytes
-    input_names: list[str]
-    output_names: list[str]
-    input_specs: list[TensorSpec]
-    output_specs: list[TensorSpec]
-    name: str = "region"
-
-    def __post_init__(self) -> None:
-        self.digest = hashlib.sha256(self.model_bytes).hexdigest()
 
 
 class SessionCache:
@@ -175,7 +99,7 @@ def session_cache(capacity: int | None = None) -> SessionCache:
     return _cache
 
 
-def _session_options(options: Options, spinning: bool, threads: int, cpu: bool = True) -> Any:
+def _session_options(options: Options, spinning: bool, threads: int) -> Any:
     ort = onnxruntime()
     so = ort.SessionOptions()
     so.log_severity_level = 3
@@ -240,12 +164,13 @@ def create_session(
     provider_opts = [provider_options_for(p, options, device) for p in providers]
     start = time.perf_counter()
     try:
-        sess = ort.InferenceSession(
-            _clamp_ir_version(model.model_bytes),
-            sess_options=_session_options(options, spinning, threads, cpu=device.type == "cpu"),
-            providers=list(providers),
-            provider_options=provider_opts,
-        )
+        with nvtx_range(f"ort_lazy.session:{model.name}", options.nvtx):
+            sess = ort.InferenceSession(
+                _clamp_ir_version(model.model_bytes),
+                sess_options=_session_options(options, spinning, threads),
+                providers=list(providers),
+                provider_options=provider_opts,
+            )
     except OrtRunError:
         raise
     except Exception as e:
@@ -305,7 +230,6 @@ class OrtRunner:
         *,
         spinning: bool = False,
         threads: int | None = None,
-        cache_extra: Hashable = (),
     ) -> None:
         self.model = model
         self.options = options
@@ -318,32 +242,28 @@ class OrtRunner:
             stream = torch.cuda.current_stream(devkey[1]).cuda_stream
         # a region's own thread count applies to CPU sessions; others follow PyTorch's
         threads = threads if threads is not None and device.type == "cpu" else torch.get_num_threads()
-        key = (model.digest, options.key(), devkey, stream, spinning, threads, cache_extra)
+        key = (model.digest, options.key(), devkey, stream, spinning, threads)
         cache = session_cache(options.cache_size)
         self.session, self.providers = cache.get_or_create(
             key, lambda: create_session(model, options, device, spinning, threads)
         )
-        self._sess = self.session._sess
-        ort = onnxruntime()
-        self._ort_device = ort.OrtDevice.make(devkey[0], devkey[1])._get_c_device()
-        self._cpu_device = ort.OrtDevice.make("cpu", 0)._get_c_device()
-        self._run_options = ort.RunOptions()
+        self._sess = _ort.raw_session(self.session)
+        self._ort_device = _ort.c_device(*devkey)
+        self._cpu_device = _ort.c_device("cpu", 0)
+        self._run_options = onnxruntime().RunOptions()
         self._local = threading.local()
         # binding plans worked out once: (name, spec, ORT element type); None type = ORT allocates
-        self._input_plan = [(n, s, _NUMPY_TYPES.get(s.dtype)) for n, s in zip(model.input_names, model.input_specs)]
+        self._input_plan = [(n, s, NUMPY_TYPES.get(s.dtype)) for n, s in zip(model.input_names, model.input_specs)]
         self._output_plan = [
-            (n, s, _NUMPY_TYPES.get(s.dtype) if s.static else None) for n, s in zip(model.output_names, model.output_specs)
+            (n, s, NUMPY_TYPES.get(s.dtype) if s.static else None) for n, s in zip(model.output_names, model.output_specs)
         ]
         self._dynamic_outputs = any(t is None for _, _, t in self._output_plan)
         self._tick = metrics.ticker("ort_runs")
-        from onnxruntime.capi import _pybind_state as C
-
-        self._C = C
 
     def _binding(self) -> Any:
         b = getattr(self._local, "binding", None)
         if b is None:
-            b = self._C.SessionIOBinding(self._sess)
+            b = _ort.new_binding(self._sess)
             self._local.binding = b
             # what each input slot is bound to: (data pointer, shape, dtype, device)
             self._local.bound = [None] * len(self._input_plan)
@@ -392,7 +312,7 @@ class OrtRunner:
                 keep.append(value)
             ptr = value.data_ptr() if value.numel() else _data_ptr(value)
             if value.dtype is not spec.dtype:
-                element_type = _NUMPY_TYPES[value.dtype]
+                element_type = NUMPY_TYPES[value.dtype]
             dev = self._ort_device if value.is_cuda else self._cpu_device
             binding.bind_input(name, dev, element_type, value.shape, ptr)
             bound[i] = (id(value), ptr, value.shape, value.dtype) if value is inputs[i] else None

@@ -22,7 +22,7 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
-from . import _compat
+from .. import _compat
 
 __all__ = ["transformer_encoder_layer", "lower_fast_paths", "drop_unused_indices", "DECOMPOSITIONS"]
 

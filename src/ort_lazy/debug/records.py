@@ -1,39 +1,72 @@
-"""``ort_lazy.explain(model, *example_inputs)``: what runs on ORT, what stays in PyTorch, and why."""
+"""What compilation decided, kept for ``ort_lazy.explain`` and the metrics file.
+
+:func:`recording` collects a :class:`GraphRecord` for every graph compiled inside the block (the
+partitioner fills them in); :class:`ExplainReport` turns them into the report users read.
+"""
 
 from __future__ import annotations
 
 import collections
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
+from ..reasons import Reason, suggestion
 
-from ..options import Options
-from ..partition import GraphRecord, recording
-from ..support import Reason
-
-__all__ = ["ExplainReport", "explain", "suggestion"]
-
-_SUGGESTIONS = {
-    Reason.NO_MAPPING: "no ONNX translation exists; it stays in PyTorch (a custom ONNX translation would move it)",
-    Reason.NO_KERNEL: "ORT has no kernel for this dtype on this provider: cast to float32/float16 around it, "
-    "or choose a provider that has one",
-    Reason.EXCLUDED: "remove it from torch_executed_ops / ORT_LAZY_TORCH_EXECUTED_OPS to run it on ORT",
-    Reason.EXPORT_FAILED: "set ORT_LAZY_DUMP_DIR and ORT_LAZY_RUN_TYPE=debug to inspect the region",
-    Reason.ORT_FAILED: "set ORT_LAZY_DUMP_DIR to get the ONNX model and try it in onnxruntime directly",
-    Reason.UNSUPPORTED_DTYPE: "ONNX cannot carry this dtype; cast to a supported one",
-    Reason.SMALL_REGION: "lower min_block_size / ORT_LAZY_MIN_BLOCK_SIZE",
-    Reason.MUTATION: "nothing to do: in-place updates of graph inputs (e.g. BatchNorm running stats) stay in PyTorch",
-    Reason.AUTOTUNE: "nothing to do: PyTorch measured faster for this region",
-}
+__all__ = ["GraphRecord", "recording", "new_record", "record_failure", "mark", "ExplainReport"]
 
 
-def suggestion(reason: str) -> str:
-    """A suggested fix for a fallback reason ('' when there is none)."""
-    for key, text in _SUGGESTIONS.items():
-        if reason.startswith(key):
-            return text
-    return ""
+@dataclass
+class GraphRecord:
+    """What compilation decided for one graph."""
+
+    tag: str
+    ops: list[tuple[str, str | None]] = field(default_factory=list)  # (op, reason or None)
+    regions: list[dict[str, Any]] = field(default_factory=list)
+    #: why the whole graph runs in PyTorch, when compiling it failed
+    failure: str | None = None
+
+
+_recorders: list[list[GraphRecord]] = []
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[GraphRecord]]:
+    """Collect a :class:`GraphRecord` for every graph compiled inside the block."""
+    records: list[GraphRecord] = []
+    _recorders.append(records)
+    try:
+        yield records
+    finally:
+        _recorders.remove(records)
+
+
+def new_record(tag: str) -> GraphRecord:
+    """A record for a graph being compiled, handed to every active :func:`recording`."""
+    record = GraphRecord(tag)
+    for records in _recorders:
+        records.append(record)
+    return record
+
+
+def record_failure(tag: str, text: str) -> None:
+    """Record that the graph ``tag`` runs in PyTorch because compiling it failed."""
+    for records in _recorders:
+        for record in records:
+            if record.tag == tag and record.failure is None and not record.regions:
+                record.failure = text
+                break
+        else:
+            records.append(GraphRecord(tag, failure=text))
+
+
+def mark(record: GraphRecord, op: str, reason: str) -> None:
+    """Change the first still-supported entry of ``op`` in ``record`` to ``reason``."""
+    for i, (name, current) in enumerate(record.ops):
+        if name == op and current is None:
+            record.ops[i] = (name, reason)
+            return
 
 
 @dataclass
@@ -69,7 +102,9 @@ class ExplainReport:
             "ops_total": self.ops_total,
             "ops_on_ort": self.ops_on_ort,
             "share_on_ort": self.share_on_ort,
-            "graphs": [{"tag": g.tag, "regions": g.regions, "ops": len(g.ops)} for g in self.graphs],
+            "graphs": [
+                {"tag": g.tag, "regions": g.regions, "ops": len(g.ops), "failure": g.failure} for g in self.graphs
+            ],
             "fallbacks": [
                 {"op": op, "reason": reason, "count": n, "suggestion": suggestion(reason)}
                 for op, reasons in self.fallbacks.items()
@@ -83,6 +118,10 @@ class ExplainReport:
             f"{len(self.graphs)} graph(s)"
         ]
         for g in self.graphs:
+            if g.failure is not None:
+                lines.append(f"  graph {g.tag}: runs in PyTorch, compiling it failed: {g.failure}")
+                lines.append(f"      fix: {suggestion(Reason.COMPILE_FAILED)}")
+                continue
             on = sum(1 for r in g.regions if r["on_ort"])
             lines.append(f"  graph {g.tag}: {len(g.ops)} ops, {on}/{len(g.regions)} region(s) on ORT")
             for r in g.regions:
@@ -103,24 +142,3 @@ class ExplainReport:
         else:
             lines.append("  nothing left to PyTorch")
         return "\n".join(lines)
-
-
-def explain(model: Any, *example_inputs: Any, backward: bool = False, **options: Any) -> ExplainReport:
-    """Compile ``model`` with the ORT backend on ``example_inputs`` and report every decision.
-
-    With ``backward=True`` (and inputs or parameters that require grad) the backward graph is
-    compiled and reported too.
-    """
-    from ..frontends.dynamo import make_backend
-
-    opts = Options.from_env(**options)
-    torch._dynamo.reset()
-    compiled = torch.compile(model, backend=make_backend(opts))
-    with recording() as records:
-        out = compiled(*example_inputs)
-        if backward:
-            flat = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
-            if flat:
-                sum(t.float().sum() for t in flat).backward()
-    torch._dynamo.reset()
-    return ExplainReport(list(records))

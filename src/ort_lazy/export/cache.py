@@ -1,0 +1,65 @@
+"""Export through the persistent compile cache (``cache_dir``): a warm process skips the exporter."""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+import torch.fx
+
+from .. import _compat
+from ..debug.nvtx import nvtx_range
+from ..options import Options
+from ..runtime.disk_cache import cache_key, disk_cache
+from ..specs import OrtModel, spec_to_json
+from .fx import export_graph, spec_of
+
+__all__ = ["cached_export", "graph_device"]
+
+
+def graph_device(gm: torch.fx.GraphModule) -> torch.device:
+    """The device of the graph's tensors: the first CUDA device seen, else CPU."""
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and val.device.type == "cuda":
+            return val.device
+    return torch.device("cpu")
+
+
+def cached_export(
+    sub: torch.fx.GraphModule, name: str, options: Options, constants: dict[int, torch.Tensor] | None = None
+) -> OrtModel:
+    """:func:`~ort_lazy.export.fx.export_graph`, through the compile cache when one is configured.
+
+    Entries are keyed by the graph's code, its input specs, the frozen constants' contents, the
+    options that change the model and the device type.
+    """
+    with nvtx_range(f"ort_lazy.export:{name}", options.nvtx):
+        return _cached_export(sub, name, options, constants)
+
+
+def _cached_export(
+    sub: torch.fx.GraphModule, name: str, options: Options, constants: dict[int, torch.Tensor] | None
+) -> OrtModel:
+    cache = disk_cache(options.cache_dir)
+    if cache is None:
+        return export_graph(sub, name, constants)
+    specs = [spec_of(n.meta.get("val")) for n in sub.graph.nodes if n.op == "placeholder"]
+    frozen = {str(i): _tensor_digest(t) for i, t in (constants or {}).items()}
+    key = cache_key("region", sub.code, [spec_to_json(s) for s in specs], frozen, options.key(), graph_device(sub).type)
+    hit = cache.get_model(key)
+    if hit is not None:
+        blob, data = hit
+        try:
+            return OrtModel.from_description(blob, data, name)
+        except (KeyError, TypeError, ValueError):
+            pass  # an entry of another layout: export again and overwrite it
+    model = export_graph(sub, name, constants)
+    cache.put_model(key, model.model_bytes, model.describe())
+    return model
+
+
+def _tensor_digest(t: torch.Tensor) -> str:
+    with _compat.real_tensor_mode():
+        data = t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
+    return hashlib.sha256(data).hexdigest()

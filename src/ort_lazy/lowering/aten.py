@@ -1,0 +1,234 @@
+"""A captured graph (dynamo's, or any module's for ``ort_lazy.fx``) -> aten graphs -> ORT.
+
+Training graphs go through AOTAutograd, which hands its forward and backward aten graphs to
+:func:`ort_lazy.partition.compile_graph`. A graph dynamo captured with grad off only ever runs
+without autograd (dynamo guards on grad mode), so it is lowered to aten directly (``make_fx``
+under functionalization) and skips AOTAutograd's per-call wrappers.
+
+Nothing here may break the user's model: any exception while lowering, partitioning or
+exporting runs that graph in PyTorch (counted as ``compile_failures``, warned once, recorded
+for ``explain``), unless the ``strict`` option asks for the exception. Compilation has no side
+effect on the model: graphs are traced on fake tensors, rewrites work on copies, and a fallback
+runs the graph as it was captured.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+
+from .. import _compat, metrics
+from ..debug.records import record_failure
+from ..options import Options
+from ..partition import compile_graph
+from ..runtime.flavour import OrtUnavailableError
+from ..runtime.region import OrtRegion
+from .decompositions import decomposition_table
+from .rewrites import drop_unused_indices, lower_fast_paths
+
+__all__ = ["compile_captured", "copy_graph_module"]
+
+logger = logging.getLogger("ort_lazy")
+
+
+def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A GraphModule with its own copy of ``gm``'s graph (attributes and submodules shared)."""
+    return torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
+
+
+def _failed(tag: str, error: BaseException, options: Options) -> None:
+    """Count, warn once and record a graph that runs in PyTorch because compiling it failed.
+
+    Re-raises what must not be swallowed: dynamo's own control flow, a missing onnxruntime,
+    and any error under the ``strict`` option.
+    """
+    if options.strict or isinstance(error, (OrtUnavailableError, *_compat.dynamo_control_exceptions())):
+        raise error
+    metrics.increment("compile_failures")
+    text = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
+    metrics.warn_once(f"compile:{tag}:{text}", "ort-lazy: compiling the %s graph failed, it runs in PyTorch: %s", tag, text)
+    record_failure(tag, text)
+
+
+def _aot_compiler(options: Options, tag: str, frozen: dict[int, torch.Tensor] | None = None) -> Callable[..., Any]:
+    def compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        constants = _frozen_for(gm, frozen) if frozen else None
+        try:
+            work = copy_graph_module(gm)
+            drop_unused_indices(work)
+            forward = compile_graph(work, options, tag=tag, constants=constants).forward
+        except Exception as e:
+            _failed(tag, e, options)
+            forward = gm.forward  # the graph as AOTAutograd made it, untouched
+        direct = _direct_call(forward)
+        if direct is not None:
+            return direct
+
+        def run(args: list[Any]) -> Any:
+            # Boxed calling convention: the list is cleared so inputs are freed early.
+            call_args = list(args)
+            args.clear()
+            return forward(*call_args)
+
+        run._boxed_call = True  # type: ignore[attr-defined]
+        return run
+
+    return compiler
+
+
+def _direct_call(forward: Callable[..., Any]) -> Callable[..., Any] | None:
+    """A boxed call straight into the ORT region when one region is the whole graph.
+
+    Skips the FX module's generated code and tuple plumbing on every call; None when the graph
+    has anything else in it (PyTorch ops, reordered or repeated outputs).
+    """
+    gm = getattr(forward, "__self__", None)
+    if not isinstance(gm, torch.fx.GraphModule):
+        return None
+    nodes = list(gm.graph.nodes)
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    calls = [n for n in nodes if n.op not in ("placeholder", "output")]
+    region_calls = [n for n in calls if n.op == "call_function" and isinstance(getattr(n.target, "__self__", None), OrtRegion)]
+    if len(region_calls) != 1:
+        return None
+    call = region_calls[0]
+    region = call.target.__self__
+    if region.runner is None or call.kwargs or any(a not in placeholders for a in call.args):
+        return None
+    out = nodes[-1].args[0]
+    if not isinstance(out, (tuple, list)):
+        return None
+    getitems = [n for n in calls if n is not call]
+    if region.tuple_output:
+        # outputs must be the region's own, each once, in order
+        if any(n.target is not operator.getitem or n.args[0] is not call for n in getitems):
+            return None
+        if list(out) != getitems or [n.args[1] for n in getitems] != list(range(len(region.runner.model.output_names))):
+            return None
+    elif getitems or list(out) != [call]:
+        return None
+    index = [placeholders.index(a) for a in call.args]
+    run_region = region.forward
+    single = not region.tuple_output
+
+    def run(args: list[Any]) -> Any:
+        call_args = [args[i] for i in index]
+        args.clear()
+        result = run_region(*call_args)
+        return (result,) if single else result
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run
+
+
+def _frozen_for(gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor]) -> dict[int, torch.Tensor] | None:
+    """Frozen weights by placeholder position, when the graph's inputs line up with dynamo's."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, tensor in frozen.items():
+        val = placeholders[i].meta.get("val") if i < len(placeholders) else None
+        if not isinstance(val, torch.Tensor) or tuple(val.shape) != tuple(tensor.shape) or val.dtype != tensor.dtype:
+            metrics.warn_once("freeze-mismatch", "ort-lazy: freeze_weights skipped: graph inputs do not line up with the weights")
+            return None
+    return frozen
+
+
+def compile_captured(gm: torch.nn.Module, example_inputs: Sequence[Any], options: Options) -> Callable[..., Any]:
+    """Compile a captured graph (or module) so its supported parts run on ORT.
+
+    Returns a callable with the graph's calling convention; on any failure, ``gm`` itself.
+    """
+    try:
+        return _compile(gm, example_inputs, options)
+    except Exception as e:
+        _failed("captured", e, options)
+        return gm
+
+
+def _compile(gm: torch.nn.Module, example_inputs: Sequence[Any], options: Options) -> Callable[..., Any]:
+    work: torch.nn.Module = gm
+    if isinstance(gm, torch.fx.GraphModule):
+        work = copy_graph_module(gm)
+        lower_fast_paths(work)
+    # Inference only: weights (nn.Parameter inputs) are snapshot into the ONNX models.
+    frozen = {i: t for i, t in enumerate(example_inputs) if isinstance(t, torch.nn.Parameter)} if options.freeze_weights else None
+    aot = _compat.aot_autograd(
+        fw_compiler=_aot_compiler(options, "forward"),
+        bw_compiler=_aot_compiler(options, "backward"),
+        inference_compiler=_aot_compiler(options, "inference", frozen),
+        decompositions=decomposition_table(options.cache_dir),
+        keep_inference_input_mutations=True,
+    )
+    if not torch.is_grad_enabled() and isinstance(work, torch.fx.GraphModule):
+        inference = _inference_graph(work, example_inputs, options, frozen)
+        if inference is not None:
+            return inference
+    # Attention traced through the math path: its backward is ordinary ops ORT runs, where the
+    # fused CPU kernel's backward has no ONNX mapping (and its logsumexp translation is wrong).
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.MATH]):
+        return aot(work, example_inputs)
+
+
+def _inference_graph(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Options, frozen: dict[int, torch.Tensor] | None
+) -> Callable[..., Any] | None:
+    """Compile a no-grad dynamo graph without AOTAutograd; None when it cannot be lowered so."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    fake_args = [n.meta.get("example_value") for n in placeholders]
+    if any(a is None for a in fake_args) or len(fake_args) != len(example_inputs):
+        return None
+    # the mode dynamo made the graph's example values with (not necessarily the tracing
+    # context's, which detect_fake_mode would prefer)
+    modes = {id(a.fake_mode): a.fake_mode for a in fake_args if hasattr(a, "fake_mode")}
+    if len(modes) != 1:
+        return None
+    (fake_mode,) = modes.values()
+    table = decomposition_table(options.cache_dir)
+    try:
+        with fake_mode, torch.no_grad():
+            aten = make_fx(torch.func.functionalize(gm, remove="mutations"), decomposition_table=table)(*fake_args)
+            # Decompositions run below functionalization: one that writes in place (circular
+            # padding's copies into a fresh tensor) leaves a mutation of an intermediate in
+            # the graph. Functionalize the decomposed graph again so every such write becomes
+            # a value ORT computes (only input mutations stay, as copies back into the inputs).
+            for attempt in range(3):
+                if not _mutates_intermediates(aten):
+                    break
+                if attempt == 2:
+                    return None  # AOTAutograd functionalizes it
+                aten = make_fx(torch.func.functionalize(aten, remove="mutations"), decomposition_table=table)(*fake_args)
+    except Exception as e:  # anything unusual goes through AOTAutograd as usual
+        logger.debug("ort-lazy: direct inference lowering failed (%s); using AOTAutograd", e)
+        return None
+    # passes that look up the fake mode through the tracing context must find this graph's
+    with _compat.tracing_context(fake_mode):
+        compiled = _aot_compiler(options, "inference", frozen)(aten, fake_args)
+
+    def run(*args: Any) -> Any:
+        return compiled(list(args))
+
+    return run
+
+
+def _mutates_intermediates(gm: torch.fx.GraphModule) -> bool:
+    """Whether an op of ``gm`` writes into a tensor that is not one of the graph's inputs."""
+    for node in gm.graph.nodes:
+        target = node.target
+        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+            continue
+        if not target._schema.is_mutable:
+            continue
+        for arg, value in zip(target._schema.arguments, node.args):
+            if arg.alias_info is not None and arg.alias_info.is_write:
+                if not (isinstance(value, torch.fx.Node) and value.op == "placeholder"):
+                    return True
+    return False

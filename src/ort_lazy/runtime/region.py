@@ -1,0 +1,322 @@
+"""The runtime of a compiled region, shared by every front door.
+
+A region is a piece of a graph that runs on ORT, with a PyTorch twin it falls back to. Two
+kinds exist: :class:`OrtRegion` (a fused FX submodule of the dynamo / fx path; its twin is the
+submodule) and :class:`TorchScriptGroup` (an ``ort::CompilationGroup`` of the TorchScript bridge;
+its twin is the group's subgraph run by TorchScript). What they share lives in :class:`Region`,
+written once: opening runners (session failures fall back), running (run failures fall back
+for good), counting, dumps and the ``debug`` run type's comparison.
+
+Export lives above the runtime: a region that needs another model (one per input shape or
+schema) is given an ``export`` callable by whoever made it.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import operator
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from .. import metrics
+from ..debug.compare import compare_outputs
+from ..debug.nvtx import nvtx_range
+from ..opnames import op_name
+from ..options import Options
+from ..reasons import Reason
+from ..specs import OrtModel
+from .session import OrtRunError, OrtRunner
+from .threads import region_threads
+
+__all__ = ["Region", "OrtRegion", "TorchScriptGroup", "open_runner", "ops_text", "report_fallback", "dump", "compute_ops"]
+
+logger = logging.getLogger("ort_lazy")
+
+
+def ops_text(ops: Sequence[str], limit: int = 6) -> str:
+    """``aten.add.Tensor, aten.mul.Tensor and 3 more``-like text for messages."""
+    names = sorted(set(ops))
+    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def open_runner(model: OrtModel, options: Options, device: torch.device, *, spinning: bool) -> OrtRunner:
+    """An :class:`OrtRunner` for ``model`` with the thread count the region's size calls for.
+
+    Raises:
+        OrtRunError: the session could not be created.
+    """
+    threads = region_threads(model.model_bytes) if device.type == "cpu" else None
+    return OrtRunner(model, options, device, spinning=spinning, threads=threads)
+
+
+def report_fallback(name: str, ops: Sequence[str], counter: str, reason: str, error: BaseException, what: str) -> None:
+    """Count a region failure (``counter``), its ops as falling back for ``reason``; warn once."""
+    metrics.increment(counter)
+    metrics.increment("fallback_regions")
+    for op in ops:
+        metrics.record_fallback(op, reason)
+    metrics.warn_once(f"{counter}:{name}:{error}", "ort-lazy: %s %s (%s), it runs in PyTorch: %s", what, name, ops_text(ops), error)
+
+
+def dump(options: Options, name: str, source: Any, model: OrtModel) -> None:
+    """Write a region's model and source when ``dump_dir`` is set (never fails the region)."""
+    if not options.dump_dir:
+        return
+    from ..debug.dump import dump_region
+
+    try:
+        dump_region(options.dump_dir, name, source, model)
+    except OSError as e:
+        metrics.warn_once(f"dump:{options.dump_dir}", "ort-lazy: cannot write dumps to %s: %s", options.dump_dir, e)
+
+
+class Region:
+    """What every compiled region does the same way: open, run, fall back, count, compare, dump.
+
+    ``ops`` names the region's operators (for messages and fallback counts); ``reference``
+    computes the region's outputs in PyTorch from the same inputs (the ``debug`` run type).
+    """
+
+    def __init__(self, name: str, options: Options, ops: Sequence[str], reference: Callable[[Sequence[Any]], Sequence[Any]]) -> None:
+        self.name = name
+        self.options = options
+        self.ops = list(ops)
+        self.reference = reference
+        self._run_type = options.run_type
+        self._nvtx = options.nvtx
+        self._times = metrics.series(f"run:{name}")
+        #: what explain shows for this region
+        self.report: dict[str, Any] = {}
+
+    def fall_back(self, counter: str, reason: str, error: BaseException, what: str) -> None:
+        """See :func:`report_fallback`."""
+        report_fallback(self.name, self.ops, counter, reason, error, what)
+
+    def dump(self, source: Any, model: OrtModel) -> None:
+        """See :func:`dump`."""
+        dump(self.options, self.name, source, model)
+
+    def open(self, model: OrtModel, device: torch.device, spinning: bool) -> OrtRunner | None:
+        """A runner for ``model``, or None (counted, warned once) when ORT cannot load it."""
+        try:
+            return open_runner(model, self.options, device, spinning=spinning)
+        except Exception as e:  # session creation faults (bad model, missing kernel, provider)
+            self.fall_back("ort_failures", Reason.ORT_FAILED, e, "ORT cannot run")
+            return None
+
+    def run_ort(self, runner: OrtRunner, args: Sequence[Any], all_args: Sequence[Any] | None = None) -> list[torch.Tensor] | None:
+        """The outputs of ``runner`` on ``args``; None when ORT failed (the caller stops using
+        that runner and runs PyTorch). In the ``debug`` run type, compared with the PyTorch twin
+        run on ``all_args`` (default ``args``)."""
+        start = time.perf_counter()
+        try:
+            if self._nvtx:
+                with nvtx_range(f"ort_lazy.run:{self.name}", True):
+                    outs = runner.run(args)
+            else:
+                outs = runner.run(args)
+        except OrtRunError as e:
+            metrics.increment("ort_failures")
+            metrics.warn_once(f"run:{self.name}:{e}", "ort-lazy: %s (%s); running it in PyTorch from now on", e, ops_text(self.ops))
+            return None
+        self._times.append(time.perf_counter() - start)
+        if self._run_type == "debug":
+            self.compare(args if all_args is None else all_args, outs)
+        return outs
+
+    def compare(self, args: Sequence[Any], outs: Sequence[Any]) -> None:
+        """Run the PyTorch twin on ``args``, time it, and raise if ``outs`` differ."""
+        start = time.perf_counter()
+        expected = self.reference(args)
+        metrics.record_time(f"debug_torch:{self.name}", time.perf_counter() - start)
+        if not isinstance(expected, (tuple, list)):
+            expected = [expected]
+        compare_outputs(self.name, list(expected), list(outs), self.options.rtol, self.options.atol)
+
+
+def compute_ops(gm: torch.fx.GraphModule) -> list[str]:
+    """The names of ``gm``'s compute ops (getitem plumbing left out)."""
+    return [op_name(n.target) for n in gm.graph.nodes if n.op == "call_function" and n.target is not operator.getitem]
+
+
+class OrtRegion(Region, torch.nn.Module):
+    """One fused FX submodule on ORT; falls back to the submodule if ORT fails at run time.
+
+    ``constants`` maps input positions of ``torch_module`` to tensors baked into the model
+    (frozen weights): callers no longer pass them. ``export`` makes a model of the submodule
+    for concrete input shapes (used when the ``dynamic`` option is off and the model is
+    symbolic: one model per input shape).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        torch_module: torch.fx.GraphModule,
+        runner: OrtRunner,
+        options: Options,
+        tuple_output: bool,
+        *,
+        constants: dict[int, torch.Tensor] | None = None,
+        export: Callable[[torch.fx.GraphModule, str], OrtModel] | None = None,
+    ) -> None:
+        torch.nn.Module.__init__(self)
+        Region.__init__(self, name, options, compute_ops(torch_module), lambda args: self.torch_module(*self._full_args(args)))
+        self.torch_module = torch_module
+        self.constants = dict(sorted((constants or {}).items()))
+        self.runner: OrtRunner | None = runner
+        self.tuple_output = tuple_output
+        self.record: Any = None
+        self._export = export
+        self._autotune_pending = options.autotune and options.run_type == "ort"
+        symbolic = any(not s.static for s in runner.model.input_specs)
+        self._per_shape: collections.OrderedDict[Any, OrtRunner | None] | None = (
+            collections.OrderedDict() if symbolic and not options.dynamic and export is not None else None
+        )
+
+    def forward(self, *args: Any) -> Any:
+        runner = self.runner
+        if runner is not None and self._per_shape is not None:
+            runner = self._shape_runner(args)
+        if runner is not None and self._autotune_pending:
+            self._autotune_pending = False
+            if not self._autotune(runner, args):
+                self.runner = runner = None
+        if runner is None or self._run_type == "pytorch":
+            metrics.increment("torch_runs")
+            return self._torch(args)
+        outs = self.run_ort(runner, args)
+        if outs is None:
+            self.runner = None
+            return self._torch(args)
+        return tuple(outs) if self.tuple_output else outs[0]
+
+    def _shape_runner(self, args: tuple[Any, ...]) -> OrtRunner | None:
+        """The runner of a model exported for exactly these input shapes (bounded LRU)."""
+        assert self._per_shape is not None and self._export is not None and self.runner is not None
+        key = tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args)
+        if key in self._per_shape:
+            self._per_shape.move_to_end(key)
+            return self._per_shape[key]
+        runner = None
+        try:
+            from torch.fx.experimental.proxy_tensor import make_fx
+
+            concrete = make_fx(self.torch_module, tracing_mode="fake")(*self._full_args(args))
+            model = self._export(concrete, f"{self.name}_{len(self._per_shape)}")
+            runner = open_runner(model, self.options, self.runner.device, spinning=self.runner.spinning)
+        except Exception as e:  # this shape runs in PyTorch; others may still run on ORT
+            metrics.increment("export_failures")
+            metrics.warn_once(f"shape:{self.name}:{e}", "ort-lazy: %s for shapes %s runs in PyTorch: %s", self.name, key, e)
+        self._per_shape[key] = runner
+        while len(self._per_shape) > self.options.cache_size:
+            self._per_shape.popitem(last=False)
+        return runner
+
+    def _autotune(self, runner: OrtRunner, args: tuple[Any, ...], calls: int = 5) -> bool:
+        """Time this region on ORT and in PyTorch on real inputs; True when ORT is faster."""
+        full = self._full_args(args)
+        ort_t: list[float] = []
+        torch_t: list[float] = []
+        try:
+            runner.run(args)
+            self.torch_module(*full)
+            for _ in range(calls):
+                start = time.perf_counter()
+                runner.run(args)
+                ort_t.append(time.perf_counter() - start)
+                start = time.perf_counter()
+                self.torch_module(*full)
+                torch_t.append(time.perf_counter() - start)
+        except OrtRunError:
+            return True  # the normal path reports and falls back
+        ort_ms, torch_ms = statistics.median(ort_t) * 1e3, statistics.median(torch_t) * 1e3
+        chosen = "ort" if ort_ms <= torch_ms else "pytorch"
+        self.report["autotune"] = {"ort_ms": ort_ms, "pytorch_ms": torch_ms, "chosen": chosen}
+        metrics.record_time(f"autotune_ort:{self.name}", ort_ms / 1e3)
+        metrics.record_time(f"autotune_torch:{self.name}", torch_ms / 1e3)
+        if chosen == "pytorch":
+            metrics.increment("autotune_kept_in_pytorch")
+            from ..debug.records import mark
+
+            for op in self.ops:
+                metrics.record_fallback(op, Reason.AUTOTUNE)
+                if self.record is not None:
+                    mark(self.record, op, Reason.AUTOTUNE)
+        logger.info("ort-lazy: autotune %s: ORT %.3f ms, PyTorch %.3f ms -> %s", self.name, ort_ms, torch_ms, chosen)
+        return chosen == "ort"
+
+    def _full_args(self, args: Sequence[Any]) -> list[Any]:
+        full = list(args)
+        for index, value in self.constants.items():
+            full.insert(index, value)
+        return full
+
+    def _torch(self, args: tuple[Any, ...]) -> Any:
+        return self.torch_module(*self._full_args(args)) if self.constants else self.torch_module(*args)
+
+
+class TorchScriptGroup(Region):
+    """One ``ort::CompilationGroup`` of the TorchScript bridge, one ORT model per input schema.
+
+    :meth:`run` returns the group's outputs computed by ORT, or None to make the bridge run the
+    group in TorchScript. ``export(tensors)`` makes the model for these inputs' schema;
+    ``reference(tensors)`` runs the subgraph in TorchScript (the ``debug`` run type).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        options: Options,
+        ops: Sequence[str],
+        *,
+        source: Any,
+        export: Callable[[Sequence[torch.Tensor]], OrtModel],
+        reference: Callable[[Sequence[Any]], Sequence[Any]],
+        spinning: bool,
+    ) -> None:
+        super().__init__(name, options, ops, reference)
+        self.source = source
+        self._export = export
+        self._spinning = spinning
+        self.plans: dict[tuple[Any, ...], tuple[OrtRunner, list[int] | None] | None] = {}
+        self.too_small = len(self.ops) < options.min_block_size
+        metrics.increment("regions_compiled")
+
+    def run(self, tensors: list[torch.Tensor]) -> list[torch.Tensor] | None:
+        """Outputs of the group computed by ORT, or None to run it in TorchScript."""
+        key = tuple((t.dtype, t.shape, t.stride(), t.get_device()) for t in tensors)  # -1: CPU
+        try:
+            plan = self.plans[key]
+        except KeyError:
+            plan = self.plans[key] = self._compile(tensors)
+        if plan is None:
+            return None
+        runner, select = plan
+        outs = self.run_ort(runner, tensors if select is None else [tensors[i] for i in select], tensors)
+        if outs is None:
+            self.plans[key] = None
+        return outs
+
+    def _compile(self, tensors: list[torch.Tensor]) -> tuple[OrtRunner, list[int] | None] | None:
+        if self.too_small or self._run_type == "pytorch":
+            return None
+        try:
+            with metrics.timed("export"), nvtx_range(f"ort_lazy.export:{self.name}", self._nvtx):
+                model = self._export(tensors)
+        except Exception as e:
+            self.fall_back("export_failures", Reason.EXPORT_FAILED, e, "could not export TorchScript group")
+            return None
+        self.dump(self.source, model)
+        device = tensors[0].device if tensors else torch.device("cpu")
+        runner = self.open(model, device, self._spinning)
+        if runner is None:
+            return None
+        metrics.increment("regions_on_ort")
+        names = [f"in_{i}" for i in range(len(tensors))]
+        select = None if model.input_names == names else [int(n[3:]) for n in model.input_names]
+        return runner, select

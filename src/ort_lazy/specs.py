@@ -1,0 +1,106 @@
+"""What every stage says about a compiled model: tensor specs and the exported model.
+
+:class:`TensorSpec` describes one graph input or output on the torch side (dtype, shape with
+symbolic dims as names, device); :class:`OrtModel` is a serialized ONNX model with the specs of
+its inputs and outputs. Export produces them, the runtime binds by them, the disk cache and
+dumps write them as JSON (:func:`spec_to_json`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["TensorSpec", "OrtModel", "TORCH_TO_ONNX", "spec_to_json", "spec_from_json"]
+
+#: torch dtype -> ONNX TensorProto element type
+TORCH_TO_ONNX: dict[torch.dtype, int] = {
+    torch.float32: 1,
+    torch.uint8: 2,
+    torch.int8: 3,
+    torch.int16: 5,
+    torch.int32: 6,
+    torch.int64: 7,
+    torch.bool: 9,
+    torch.float16: 10,
+    torch.float64: 11,
+    torch.complex64: 14,
+    torch.complex128: 15,
+    torch.bfloat16: 16,
+}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """dtype, shape (ints, or names for symbolic dims) and device of one graph input/output.
+
+    ``scalar`` marks a Python number (SymInt/SymFloat/SymBool) bound as a 0-d tensor.
+    """
+
+    dtype: torch.dtype
+    shape: tuple[int | str, ...]
+    device: torch.device
+    scalar: bool = False
+
+    @property
+    def static(self) -> bool:
+        """Whether every dim is a concrete int."""
+        return all(isinstance(d, int) for d in self.shape)
+
+
+def spec_to_json(spec: TensorSpec, name: str | None = None) -> dict[str, Any]:
+    """A JSON-friendly form of ``spec`` (see :func:`spec_from_json`), with ``name`` if given."""
+    out: dict[str, Any] = {} if name is None else {"name": name}
+    out.update(
+        dtype=str(spec.dtype).replace("torch.", ""),
+        shape=list(spec.shape),
+        device=str(spec.device),
+        scalar=spec.scalar,
+    )
+    return out
+
+
+def spec_from_json(data: dict[str, Any]) -> TensorSpec:
+    """Inverse of :func:`spec_to_json`; rejects unknown dtypes (no arbitrary lookups)."""
+    dtype = getattr(torch, str(data["dtype"]), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {data['dtype']!r}")
+    shape = tuple(d if isinstance(d, int) else str(d) for d in data["shape"])
+    return TensorSpec(dtype, shape, torch.device(str(data["device"])), bool(data.get("scalar", False)))
+
+
+@dataclass
+class OrtModel:
+    """A serialized ONNX model with the torch-side description of its inputs and outputs."""
+
+    model_bytes: bytes
+    input_names: list[str]
+    output_names: list[str]
+    input_specs: list[TensorSpec]
+    output_specs: list[TensorSpec]
+    name: str = "region"
+
+    def __post_init__(self) -> None:
+        self.digest = hashlib.sha256(self.model_bytes).hexdigest()
+
+    def describe(self) -> dict[str, Any]:
+        """Names and specs of inputs and outputs (JSON-friendly)."""
+        return {
+            "inputs": [spec_to_json(s, n) for n, s in zip(self.input_names, self.input_specs)],
+            "outputs": [spec_to_json(s, n) for n, s in zip(self.output_names, self.output_specs)],
+        }
+
+    @classmethod
+    def from_description(cls, model_bytes: bytes, data: dict[str, Any], name: str) -> OrtModel:
+        """Inverse of :meth:`describe` (with the model bytes)."""
+        return cls(
+            model_bytes=model_bytes,
+            input_names=[d["name"] for d in data["inputs"]],
+            output_names=[d["name"] for d in data["outputs"]],
+            input_specs=[spec_from_json(d) for d in data["inputs"]],
+            output_specs=[spec_from_json(d) for d in data["outputs"]],
+            name=name,
+        )
