@@ -14,7 +14,7 @@ import functools
 import json
 import operator
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -28,6 +28,8 @@ from .reasons import Reason
 __all__ = [
     "Reason",
     "DISTRUSTED",
+    "DISTRUSTED_WHEN",
+    "bound_arguments",
     "registered_ops",
     "translatable",
     "unsupported_reason",
@@ -74,6 +76,12 @@ def _distrusted() -> dict[Any, str]:
         aten.native_batch_norm.default: "training batch norm translation is wrong",
         # torchlib returns a wrongly shaped logsumexp, which training graphs save for backward.
         aten._scaled_dot_product_flash_attention_for_cpu.default: "auxiliary logsumexp output is wrong",
+        # torchlib fakes total_weight = 1: mean-reduced gradients come out batch-size times too
+        # large while the loss is right (torch's decomposition computes it)
+        aten.nll_loss_forward.default: "total_weight output is always 1",
+        aten.nll_loss2d_forward.default: "total_weight output is always 1",
+        # exp(x^2) * erfc(x) overflows and cancels (NaN/inf from x ~ 9, wrong well before)
+        aten.special_erfcx.default: "naive formula, inaccurate and overflowing",
     }
 
 
@@ -81,6 +89,38 @@ def _distrusted() -> dict[Any, str]:
 #: into smaller aten ops before partitioning (see :mod:`ort_lazy.lowering.decompositions`); one
 #: that still reaches the partitioner stays in PyTorch.
 DISTRUSTED: dict[Any, str] = _distrusted()
+
+
+def _when(name: str, wrong: Callable[[Any], bool], reason: str) -> Callable[[dict[str, Any]], str | None]:
+    return lambda arguments: reason if wrong(arguments.get(name)) else None
+
+
+def _distrusted_when() -> dict[Any, Callable[[dict[str, Any]], str | None]]:
+    aten = torch.ops.aten
+    ignored_divisor = _when("divisor_override", lambda v: v is not None, "divisor_override is ignored by the translation")
+    return {
+        aten.avg_pool2d.default: ignored_divisor,
+        aten.avg_pool3d.default: ignored_divisor,
+        aten.scatter_reduce.two: _when("reduce", lambda v: v == "mean", "reduce='mean' translation is wrong"),
+    }
+
+
+#: Overloads whose translation is wrong for some arguments only: op -> check(bound arguments)
+#: returning the reason, or None where the translation is right.
+DISTRUSTED_WHEN: dict[Any, Callable[[dict[str, Any]], str | None]] = _distrusted_when()
+
+
+def bound_arguments(target: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Every argument of a call of ``target`` by schema name (defaults filled in)."""
+    out: dict[str, Any] = {}
+    for i, arg in enumerate(target._schema.arguments):
+        if i < len(args) and not arg.kwarg_only:
+            out[arg.name] = args[i]
+        elif arg.name in kwargs:
+            out[arg.name] = kwargs[arg.name]
+        elif arg.has_default_value():
+            out[arg.name] = arg.default_value
+    return out
 
 
 @functools.lru_cache(maxsize=8)
@@ -159,6 +199,11 @@ def static_reason(node: torch.fx.Node, options: Options) -> str | None:
         return Reason.MUTATION
     if target in DISTRUSTED:
         return f"{Reason.DISTRUSTED} ({DISTRUSTED[target]})"
+    check = DISTRUSTED_WHEN.get(target)
+    if check is not None:
+        why = check(bound_arguments(target, node.args, node.kwargs))
+        if why is not None:
+            return f"{Reason.DISTRUSTED} ({why})"
     if target not in registered_ops(options.cache_dir):
         return Reason.NO_MAPPING
     in_metas = [m for m in _flat_metas(torch.fx.node.map_aggregate(node.args, _meta))]

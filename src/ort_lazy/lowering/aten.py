@@ -209,6 +209,7 @@ def _inference_graph(
     except Exception as e:  # anything unusual goes through AOTAutograd as usual
         logger.debug("ort-lazy: direct inference lowering failed (%s); using AOTAutograd", e)
         return None
+    _constants_in_mode(aten, fake_mode)
     # passes that look up the fake mode through the tracing context must find this graph's
     with _compat.tracing_context(fake_mode):
         compiled = _aot_compiler(options, "inference", frozen)(aten, fake_args)
@@ -232,3 +233,19 @@ def _mutates_intermediates(gm: torch.fx.GraphModule) -> bool:
                 if not (isinstance(value, torch.fx.Node) and value.op == "placeholder"):
                     return True
     return False
+
+
+def _constants_in_mode(gm: torch.fx.GraphModule, fake_mode: Any) -> None:
+    """Give tensor constants (``get_attr``) fake values of the graph's own fake mode.
+
+    ``make_fx`` describes a constant the traced code made (``torch.tensor([...])``) with a fake
+    tensor of another mode; export mixes the two and fails. In place.
+    """
+    for node in gm.graph.nodes:
+        if node.op != "get_attr":
+            continue
+        value = getattr(gm, node.target, None)
+        meta = node.meta.get("val")
+        if isinstance(value, torch.Tensor) and getattr(meta, "fake_mode", None) is not fake_mode:
+            with _compat.real_tensor_mode():
+                node.meta["val"] = fake_mode.from_tensor(value, static_shapes=True)

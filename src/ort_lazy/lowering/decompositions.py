@@ -38,6 +38,13 @@ EXTRA = (
 )
 
 
+def _functional(op: Any) -> bool:
+    """Neither writes into an argument nor returns an alias (``out=`` forms, views: functional
+    graphs never hold them, and make_fx decomposes composite views by itself)."""
+    schema = op._schema
+    return not schema.is_mutable and not any(r.alias_info is not None for r in schema.returns)
+
+
 @functools.lru_cache(maxsize=8)
 def decomposition_table(cache_dir: str | None = None) -> dict[Any, Any]:
     """The decompositions for AOTAutograd (see the module docstring).
@@ -49,7 +56,7 @@ def decomposition_table(cache_dir: str | None = None) -> dict[Any, Any]:
     full = torch._decomp.decomposition_table
     table: dict[Any, Any] = {}
     for op, fn in torch.export.default_decompositions().items():
-        if hasattr(op, "_schema") and op not in translated:
+        if hasattr(op, "_schema") and op not in translated and _functional(op):
             table[op] = fn
     for op in EXTRA:
         if op not in translated and op in full:

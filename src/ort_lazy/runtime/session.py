@@ -23,6 +23,7 @@ from ..options import Options
 from ..specs import OrtModel, TensorSpec
 from . import _ort
 from .flavour import max_ir_version, onnxruntime
+from .quirks import disabled_optimizers
 
 __all__ = ["SessionCache", "session_cache", "create_session", "OrtRunner", "OrtRunError", "NUMPY_TYPES"]
 
@@ -170,6 +171,7 @@ def create_session(
                 sess_options=_session_options(options, spinning, threads),
                 providers=list(providers),
                 provider_options=provider_opts,
+                disabled_optimizers=disabled_optimizers(model.model_bytes),
             )
     except OrtRunError:
         raise

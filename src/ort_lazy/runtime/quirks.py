@@ -1,0 +1,60 @@
+"""Known onnxruntime bugs that give wrong numbers, and what ort-lazy does about each.
+
+Each entry is checked by ``tests/test_ort_quirks.py`` twice: the bug itself (so the suite notices
+when an onnxruntime release fixes or re-breaks it) and the model ort-lazy builds (right).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["disabled_optimizers", "MATMUL_TRANSPOSE_FUSION"]
+
+#: ORT's MatmulTransposeFusion folds a Transpose into a MatMul (FusedMatMul with transA/transB).
+#: With a 1-D operand on the other side it computes the wrong product (onnxruntime 1.32:
+#: ``MatMul(Transpose(A), v)`` returns garbage; the backward of mv, addmv, addr and
+#: ``matmul(2-D, 1-D)`` has exactly this shape). Sessions of models holding a MatMul with a 1-D
+#: (or unknown-rank) operand run without that one optimizer; every other model keeps it.
+MATMUL_TRANSPOSE_FUSION = "MatmulTransposeFusion"
+
+
+def disabled_optimizers(model_bytes: bytes) -> list[str]:
+    """ORT graph optimizers to switch off for this model (see the module's entries)."""
+    if b"MatMul" not in model_bytes:  # cheap pre-check: most models need no parsing
+        return []
+    import onnx
+
+    proto = onnx.load_from_string(model_bytes)
+    return [MATMUL_TRANSPOSE_FUSION] if _has_vector_matmul(proto) else []
+
+
+def _ranks(graph: Any) -> dict[str, int]:
+    ranks: dict[str, int] = {}
+    for init in graph.initializer:
+        ranks[init.name] = len(init.dims)
+    for value in list(graph.input) + list(graph.value_info) + list(graph.output):
+        ttype = value.type.tensor_type
+        if ttype.HasField("shape"):
+            ranks[value.name] = len(ttype.shape.dim)
+    return ranks
+
+
+def _has_vector_matmul(proto: Any) -> bool:
+    """Whether a MatMul may see a 1-D operand (unknown ranks and function bodies count)."""
+    ranks = _ranks(proto.graph)
+    operands = [name for n in proto.graph.node if n.op_type == "MatMul" for name in n.input[:2]]
+    if any(name not in ranks for name in operands):
+        import onnx
+
+        try:
+            ranks = _ranks(onnx.shape_inference.infer_shapes(proto).graph)
+        except Exception:
+            return True
+    for node in proto.graph.node:
+        if node.op_type == "MatMul" and node.domain in ("", "ai.onnx"):
+            if any(ranks.get(name, 1) == 1 for name in node.input[:2]):
+                return True
+    for function in proto.functions:
+        if any(n.op_type == "MatMul" for n in function.node):
+            return True
+    return False

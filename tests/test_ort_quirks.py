@@ -1,0 +1,55 @@
+"""onnxruntime bugs ort-lazy works around (``ort_lazy.runtime.quirks``): each bug is checked to
+still exist, so the suite says when an onnxruntime release fixes it (then the workaround can go)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+from onnx import TensorProto, helper
+
+from ort_lazy.runtime.quirks import MATMUL_TRANSPOSE_FUSION, disabled_optimizers
+
+
+def _transposed_matvec() -> bytes:
+    nodes = [helper.make_node("Transpose", ["A"], ["At"], perm=[1, 0]), helper.make_node("MatMul", ["At", "v"], ["y"])]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("A", TensorProto.FLOAT, [5, 4]), helper.make_tensor_value_info("v", TensorProto.FLOAT, [5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
+
+
+def _run(model: bytes, **kwargs: object) -> float:
+    rng = np.random.default_rng(0)
+    a, v = rng.standard_normal((5, 4), dtype=np.float32), rng.standard_normal(5, dtype=np.float32)
+    session = ort.InferenceSession(model, providers=["CPUExecutionProvider"], **kwargs)
+    return float(np.abs(session.run(None, {"A": a, "v": v})[0] - a.T @ v).max())
+
+
+def test_matmul_transpose_fusion_with_a_vector_is_still_wrong_in_this_onnxruntime() -> None:
+    error = _run(_transposed_matvec())
+    assert error > 1e-3, (
+        f"onnxruntime {ort.__version__} computes MatMul(Transpose(A), v) right with MatmulTransposeFusion on "
+        f"(error {error}): the workaround in ort_lazy.runtime.quirks may go for this version"
+    )
+
+
+def test_without_the_fusion_it_is_right_and_ort_lazy_turns_it_off_for_such_models() -> None:
+    model = _transposed_matvec()
+    assert _run(model, disabled_optimizers=[MATMUL_TRANSPOSE_FUSION]) < 1e-5
+    assert disabled_optimizers(model) == [MATMUL_TRANSPOSE_FUSION]
+
+
+def test_models_without_vector_products_keep_every_optimizer() -> None:
+    nodes = [helper.make_node("Transpose", ["A"], ["At"], perm=[1, 0]), helper.make_node("MatMul", ["At", "B"], ["y"])]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("A", TensorProto.FLOAT, [5, 4]), helper.make_tensor_value_info("B", TensorProto.FLOAT, [5, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 3])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
+    assert disabled_optimizers(model) == []
+    assert disabled_optimizers(b"no matrix products here") == []
