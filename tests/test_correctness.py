@@ -196,3 +196,45 @@ def test_special_functions_far_in_the_tails() -> None:
     parity(torch.special.erfcx, torch.linspace(-3, 40, 44), grad=False, rtol=1e-5)
     reasons = {r for rs in metrics.fallbacks().values() for r in rs}
     assert not any(r.startswith(Reason.EXPORT_FAILED) for r in reasons), reasons
+
+
+# -- 5. bfloat16 ops without ORT kernels compute in float32 between casts ---------------------------
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_bfloat16_models_run_on_ort_like_eager(train: bool) -> None:
+    """bfloat16 results (and gradients) are as close to a float32 run as eager bfloat16's."""
+    import copy
+
+    torch.manual_seed(0)
+    for model32, x32 in (
+        (torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)), torch.randn(4, 16)),
+        (torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True), torch.randn(2, 6, 32)),
+    ):
+        model32.train(train)
+        model = copy.deepcopy(model32).bfloat16()
+        x = x32.bfloat16()
+        metrics.reset()
+        compiled = compile_ort(model)
+        with torch.set_grad_enabled(train):
+            truth, expected, got = model32(x.float()), model(x), compiled(x)
+
+        def err(a: torch.Tensor, b: torch.Tensor) -> float:
+            return float((a.float() - b.float()).abs().max())
+
+        assert err(got, truth) <= 2 * err(expected, truth) + 1e-2
+        if train:
+            grads = [torch.autograd.grad(out.float().square().sum(), m.parameters()) for out, m in ((truth, model32), (expected, model), (got, model))]
+            for t, e, g in zip(*grads):
+                assert err(g, t) <= 2 * err(e, t) + 1e-2 * float(t.abs().max()), (err(g, t), err(e, t))
+        c = metrics.counters()
+        assert c["ort_runs"] >= (2 if train else 1) and c["fallback_ops"] == 0, metrics.fallbacks()
+
+
+def test_bfloat16_widening_keeps_ops_with_kernels_and_rounds_per_op() -> None:
+    """Each widened op rounds to bfloat16 like PyTorch: a chain equals eager bit for bit."""
+    x = torch.randn(64, dtype=torch.bfloat16) * 3
+    y = torch.randn(64, dtype=torch.bfloat16)
+    fn = lambda a, b: ((a * b + a) / (b.abs() + 1)).sqrt() - a  # noqa: E731
+    c = parity(fn, x, y, grad=False, rtol=0, atol=0)
+    assert c["ort_runs"] == 1 and c["fallback_ops"] == 0

@@ -98,7 +98,7 @@ def _make_region(
     metrics.increment("regions_on_ort")
 
     def export(concrete: torch.fx.GraphModule, shape_name: str) -> Any:
-        return export_graph(concrete, shape_name, constants or None)
+        return export_graph(concrete, shape_name, constants or None, options.resolve_providers(graph_device(sub)))
 
     return OrtRegion(name, sub, runner, options, _tuple_output(sub), constants=constants, export=export)
 

@@ -405,7 +405,7 @@ def _all_supported(nodes: Sequence[torch.fx.Node], providers: tuple[str, ...]) -
     from .export.fx import isolated_nodes_graph, translate
 
     try:
-        return _translation_problem(translate(isolated_nodes_graph(nodes), name="probe"), providers) is None
+        return _translation_problem(translate(isolated_nodes_graph(nodes), name="probe", providers=providers), providers) is None
     except Exception:
         return False
 
@@ -449,7 +449,7 @@ def _probe_uncached(node: torch.fx.Node, providers: tuple[str, ...]) -> str | No
     from .export.fx import single_node_graph, translate
 
     try:
-        model = translate(single_node_graph(node), name="probe")
+        model = translate(single_node_graph(node), name="probe", providers=providers)
     except Exception:
         return Reason.EXPORT_FAILED
     return _translation_problem(model, providers)

@@ -41,9 +41,10 @@ def cached_export(
 def _cached_export(
     sub: torch.fx.GraphModule, name: str, options: Options, constants: dict[int, torch.Tensor] | None
 ) -> OrtModel:
+    providers = options.resolve_providers(graph_device(sub))
     cache = disk_cache(options.cache_dir)
     if cache is None:
-        return export_graph(sub, name, constants)
+        return export_graph(sub, name, constants, providers)
     specs = [spec_of(n.meta.get("val")) for n in sub.graph.nodes if n.op == "placeholder"]
     frozen = {str(i): _tensor_digest(t) for i, t in (constants or {}).items()}
     key = cache_key("region", sub.code, [spec_to_json(s) for s in specs], frozen, options.key(), graph_device(sub).type)
@@ -54,7 +55,7 @@ def _cached_export(
             return OrtModel.from_description(blob, data, name)
         except (KeyError, TypeError, ValueError):
             pass  # an entry of another layout: export again and overwrite it
-    model = export_graph(sub, name, constants)
+    model = export_graph(sub, name, constants, providers)
     cache.put_model(key, model.model_bytes, model.describe())
     return model
 

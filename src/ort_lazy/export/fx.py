@@ -12,6 +12,7 @@ import torch.fx
 
 from .. import _compat, metrics
 from ..specs import TORCH_TO_ONNX, OrtModel, TensorSpec
+from .widen import widen_bfloat16
 
 __all__ = ["ExportError", "translate", "export_graph", "single_node_graph", "isolated_nodes_graph", "spec_of", "reinfer_types"]
 
@@ -60,8 +61,12 @@ def isolated_nodes_graph(nodes: Sequence[torch.fx.Node], single: bool = False) -
     return torch.fx.GraphModule(torch.nn.Module(), graph)
 
 
-def translate(gm: torch.fx.GraphModule, name: str = "region") -> Any:
-    """Translate ``gm`` (aten ops, placeholders with ``meta['val']``) to an ``onnx_ir`` model."""
+def translate(gm: torch.fx.GraphModule, name: str = "region", providers: Sequence[str] | None = None) -> Any:
+    """Translate ``gm`` (aten ops, placeholders with ``meta['val']``) to an ``onnx_ir`` model.
+
+    With ``providers``, bfloat16 nodes those providers have no kernel for are computed in
+    float32 between casts (:func:`~ort_lazy.export.widen.widen_bfloat16`).
+    """
     gm = _prepare(gm)
     scalars = _exact_double_scalars(gm)
     model = _compat.new_ir_model(name)
@@ -70,6 +75,8 @@ def translate(gm: torch.fx.GraphModule, name: str = "region") -> Any:
         _bake_constants(model, scalars)
     _dedupe_outputs(model)
     _compat.finalize_ir_model(model)
+    if providers is not None:
+        model = widen_bfloat16(model, providers)
     return model
 
 
@@ -184,11 +191,13 @@ def export_graph(
     gm: torch.fx.GraphModule,
     name: str = "region",
     constants: dict[int, torch.Tensor] | None = None,
+    providers: Sequence[str] | None = None,
 ) -> OrtModel:
     """Translate ``gm`` and package it with its torch-side input/output specs.
 
     ``constants`` maps placeholder positions to tensors baked into the model as initializers
-    (frozen weights); those inputs disappear from the ONNX model's inputs.
+    (frozen weights); those inputs disappear from the ONNX model's inputs. ``providers``: the
+    execution providers the model is for (see :func:`translate`).
 
     Raises:
         ExportError: the translator failed (the message names the node), or ONNX shape
@@ -199,7 +208,7 @@ def export_graph(
     start = time.perf_counter()
     constants = constants or {}
     try:
-        model = translate(gm, name)
+        model = translate(gm, name, providers)
         if constants:
             _bake_constants(model, constants)
         proto = ir.serde.serialize_model(model)

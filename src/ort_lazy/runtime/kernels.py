@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ._ort import kernel_defs
 
-__all__ = ["KernelRegistry", "kernel_registry", "UnsupportedNode"]
+__all__ = ["KernelRegistry", "kernel_registry", "UnsupportedNode", "unsupported_nodes", "node_bindings", "node_opset", "type_str"]
 
 _MAX = 2**31 - 1
 # ORT's CPU provider inserts Cast nodes around float16 ops that only have float kernels
@@ -109,6 +109,32 @@ def _schema_io(op_type: str, opset: int, domain: str) -> tuple[tuple[str, ...], 
     return ins, outs
 
 
+def type_str(value: object) -> str | None:
+    """``tensor(float)``-like type of an ``onnx_ir`` value, None when unknown."""
+    if value is None or value.dtype is None:  # type: ignore[attr-defined]
+        return None
+    return f"tensor({_ONNX_TYPE_NAMES.get(value.dtype, str(value.dtype).lower())})"  # type: ignore[attr-defined]
+
+
+def node_opset(node: object, opsets: dict[str, int]) -> tuple[str, int]:
+    """(normalized domain, opset version) an ``onnx_ir`` node runs at under ``opsets``."""
+    domain = _norm_domain(node.domain)  # type: ignore[attr-defined]
+    if domain == "":
+        return domain, opsets.get("", opsets.get("ai.onnx", 1))
+    return domain, opsets.get(domain, 1)
+
+
+def node_bindings(node: object, domain: str, opset: int) -> dict[str, str]:
+    """The node's type-constraint bindings (``{"T": "tensor(float)"}``) from its values' types."""
+    ins, outs = _schema_io(node.op_type, opset, domain)  # type: ignore[attr-defined]
+    bindings: dict[str, str] = {}
+    for formal, value in list(zip(ins, node.inputs)) + list(zip(outs, node.outputs)):  # type: ignore[attr-defined]
+        ts = type_str(value)
+        if ts is not None and formal and not formal.startswith("tensor"):
+            bindings.setdefault(formal, ts)
+    return bindings
+
+
 def unsupported_nodes(model: object, providers: Sequence[str]) -> list[UnsupportedNode]:
     """ONNX nodes of an ``onnx_ir`` model with no kernel on ``providers`` for their dtypes.
 
@@ -121,11 +147,6 @@ def unsupported_nodes(model: object, providers: Sequence[str]) -> list[Unsupport
     local = {f.identifier(): f for f in model.functions.values()}  # type: ignore[attr-defined]
     bad: list[UnsupportedNode] = []
 
-    def type_str(value: object) -> str | None:
-        if value is None or value.dtype is None:  # type: ignore[attr-defined]
-            return None
-        return f"tensor({_ONNX_TYPE_NAMES.get(value.dtype, str(value.dtype).lower())})"  # type: ignore[attr-defined]
-
     def visit(nodes: Iterable[object], opsets: dict[str, int]) -> None:
         for node in nodes:
             key = (node.domain, node.op_type, node.overload)  # type: ignore[attr-defined]
@@ -133,16 +154,10 @@ def unsupported_nodes(model: object, providers: Sequence[str]) -> list[Unsupport
                 fn = local[key]
                 visit(fn, {**opsets, **dict(fn.opset_imports)})
                 continue
-            domain = _norm_domain(node.domain)  # type: ignore[attr-defined]
-            opset = opsets.get(domain, opsets.get("ai.onnx", 1)) if domain == "" else opsets.get(domain, 1)
+            domain, opset = node_opset(node, opsets)
             if not registry.knows(domain, node.op_type):  # type: ignore[attr-defined]
                 continue  # function-expanded or unknown: session creation decides
-            ins, outs = _schema_io(node.op_type, opset, domain)  # type: ignore[attr-defined]
-            bindings: dict[str, str] = {}
-            for formal, value in list(zip(ins, node.inputs)) + list(zip(outs, node.outputs)):  # type: ignore[attr-defined]
-                ts = type_str(value)
-                if ts is not None and formal and not formal.startswith("tensor"):
-                    bindings.setdefault(formal, ts)
+            bindings = node_bindings(node, domain, opset)
             if not registry.has_kernel(domain, node.op_type, opset, providers, bindings):  # type: ignore[attr-defined]
                 bad.append(
                     UnsupportedNode(

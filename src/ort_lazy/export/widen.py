@@ -1,0 +1,106 @@
+"""bfloat16 ops ORT has no kernel for, computed in float32 between casts.
+
+ORT's CPU provider has bfloat16 kernels for few ops (no Add, Mul, MatMul ...), and unlike
+float16 it inserts no casts itself, so a bfloat16 graph would fall back to PyTorch almost
+entirely. PyTorch's own CPU kernels compute bfloat16 ops in float32 and round the result to
+bfloat16 once per op; doing the same per ONNX node (Cast to float, the op, Cast back) gives
+the same values (up to the order of float32 accumulation in matrix products and
+reductions). Only nodes with no bfloat16 kernel but a float one on the chosen providers are
+widened; a provider with bfloat16 kernels (CUDA) keeps its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["widen_bfloat16"]
+
+
+def _has_bfloat16(model: Any) -> bool:
+    import onnx_ir as ir
+
+    values = list(model.graph.inputs) + list(model.graph.outputs)
+    values += [o for node in model.graph for o in node.outputs]
+    return any(v.dtype == ir.DataType.BFLOAT16 for v in values)
+
+
+def widen_bfloat16(model: Any, providers: Sequence[str]) -> Any:
+    """``model`` (``onnx_ir``) with unsupported bfloat16 nodes computed in float32.
+
+    Returns ``model`` itself when it holds no bfloat16 value; otherwise a new model with local
+    functions inlined (so every node is typed) and the widened nodes wrapped in casts.
+    """
+    if not _has_bfloat16(model):
+        return model
+    import onnx
+    import onnx.inliner
+    import onnx_ir as ir
+
+    from ..runtime.kernels import kernel_registry, node_bindings, node_opset
+
+    proto = onnx.inliner.inline_local_functions(ir.serde.serialize_model(model))
+    try:
+        proto = onnx.shape_inference.infer_shapes(proto)
+    except Exception:  # untyped values stay untyped; those nodes are left as they are
+        pass
+    model = ir.serde.deserialize_model(proto)
+    registry = kernel_registry()
+    opsets = dict(model.opset_imports)
+    bf16, f32 = "tensor(bfloat16)", "tensor(float)"
+    graph = model.graph
+    for node in list(graph):
+        if any(attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for attr in node.attributes.values()):
+            continue  # control flow: its subgraphs are typed separately
+        domain, opset = node_opset(node, opsets)
+        bindings = node_bindings(node, domain, opset)
+        if bf16 not in bindings.values() or registry.has_kernel(domain, node.op_type, opset, providers, bindings):
+            continue
+        widened = {k: (f32 if v == bf16 else v) for k, v in bindings.items()}
+        if not registry.has_kernel(domain, node.op_type, opset, providers, widened):
+            continue
+        _wrap_in_casts(graph, node)
+    return model
+
+
+def _cast(value: Any, to: Any, name: str) -> Any:
+    import onnx_ir as ir
+
+    node = ir.Node("", "Cast", [value], attributes=[ir.AttrInt64("to", int(to))], num_outputs=1, name=name)
+    out = node.outputs[0]
+    out.dtype = to
+    out.shape = value.shape
+    return node
+
+
+def _wrap_in_casts(graph: Any, node: Any) -> None:
+    """Cast the node's bfloat16 inputs to float and its bfloat16 outputs back (in place)."""
+    import onnx_ir as ir
+
+    bf16, f32 = ir.DataType.BFLOAT16, ir.DataType.FLOAT
+    base = node.name or node.op_type
+    for i, value in enumerate(list(node.inputs)):
+        if value is not None and value.dtype == bf16:
+            cast = _cast(value, f32, f"{base}_widen_in{i}")
+            graph.insert_before(node, cast)
+            node.replace_input_with(i, cast.outputs[0])
+    for j, value in enumerate(node.outputs):
+        if value.dtype != bf16:
+            continue
+        uses = list(value.uses())
+        outputs = list(graph.outputs)
+        value.dtype = f32
+        cast = _cast(value, bf16, f"{base}_narrow_out{j}")
+        graph.insert_after(node, cast)
+        narrowed = cast.outputs[0]
+        for use in uses:
+            use.node.replace_input_with(use.idx, narrowed)
+        if value in outputs:
+            name = value.name
+            value.name = f"{name}_float"
+            narrowed.name = name
+            for k, out in enumerate(outputs):
+                if out is value:
+                    graph.outputs[k] = narrowed
+        else:
+            narrowed.name = f"{value.name}_bf16"
