@@ -238,3 +238,36 @@ def test_bfloat16_widening_keeps_ops_with_kernels_and_rounds_per_op() -> None:
     fn = lambda a, b: ((a * b + a) / (b.abs() + 1)).sqrt() - a  # noqa: E731
     c = parity(fn, x, y, grad=False, rtol=0, atol=0)
     assert c["ort_runs"] == 1 and c["fallback_ops"] == 0
+
+
+# -- 6. translations ONNX type inference rejects are rewritten, not hidden as "no kernel" ----------
+
+
+@pytest.mark.parametrize(
+    "name,fn,make",
+    [
+        ("split_with_sizes", lambda x: torch.split(x, [1, 3], 0)[1] * 2, lambda: torch.randn(4, 3)),
+        ("unsafe_split", lambda x: torch.ops.aten.unsafe_split.Tensor(x, 2)[1] * 2, lambda: torch.randn(4, 3)),
+        ("amax of 0-d", lambda x: x.amax() + x.amin(0), lambda: torch.randn(())),
+        ("any of 0-d", lambda x: x.any(0) | x.all(), lambda: torch.tensor(True)),
+        ("isnan of ints", torch.isnan, lambda: torch.arange(5)),
+        ("trunc of ints", lambda x: torch.trunc(x) + torch.floor(x) * 2, lambda: torch.arange(-3, 5)),
+        ("tril_indices", lambda x: torch.tril_indices(4, 3, 1) + x, lambda: torch.tensor(1)),
+        ("batch_norm float64", lambda x: F.batch_norm(x, x.new_ones(3), x.new_ones(3) * 2), lambda: torch.randn(2, 3, 4, dtype=torch.float64)),
+        ("batch_norm float16", lambda x: F.batch_norm(x, x.new_ones(3), x.new_ones(3) * 2), lambda: torch.randn(2, 3, 4).half()),
+        ("layer_norm float16", lambda x: F.layer_norm(x, [4]), lambda: torch.randn(2, 4).half()),
+        ("layer_norm bfloat16", lambda x: F.layer_norm(x, [4]), lambda: torch.randn(2, 4).bfloat16()),
+    ],
+)
+def test_ill_typed_translations_are_rewritten(name: str, fn, make) -> None:
+    x = make()
+    low = x.dtype in (torch.float16, torch.bfloat16)
+    c = parity(fn, x, grad=False, rtol=1e-2 if low else 1e-6, atol=1e-2 if low else 1e-6)
+    assert c["ort_runs"] >= 1 and c["fallback_ops"] == 0, (name, metrics.fallbacks())
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16])
+def test_hardtanh_backward_outside_float32(dtype: torch.dtype) -> None:
+    x = torch.tensor([-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, float("nan")], dtype=dtype)
+    c = parity(F.hardtanh, x, rtol=1e-3, atol=1e-3)
+    assert c["fallback_ops"] == 0, metrics.fallbacks()

@@ -325,12 +325,14 @@ def test_batched_probes_answer_like_single_probes(monkeypatch) -> None:
     providers = ("CPUExecutionProvider",)
     a, b = torch.randn(4, 4), torch.randn(4, 4)
     ok_nodes = _traced(lambda x, y: torch.tanh(x @ y) - x.exp(), a, b)
-    bf = torch.randn(4, dtype=torch.bfloat16)
-    mixed = ok_nodes + _traced(lambda x: x * x, bf)  # bf16 Mul: no CPU kernel
+    flags = torch.tensor([True, False])
+    mixed = ok_nodes + _traced(lambda x: x + x, flags)  # bool Add: no ORT kernel
     support._probe_tables.clear()
     translations = []
     real = export_fx.translate
-    monkeypatch.setattr(export_fx, "translate", lambda gm, name="region": translations.append(name) or real(gm, name))
+    monkeypatch.setattr(
+        export_fx, "translate", lambda gm, name="region", providers=None: translations.append(name) or real(gm, name, providers)
+    )
     answers = support.probe_ops(ok_nodes, providers)
     assert all(r is None for r in answers.values()) and translations == ["probe"], translations
 

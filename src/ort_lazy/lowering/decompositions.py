@@ -35,6 +35,9 @@ _aten = torch.ops.aten
 EXTRA = (
     # max pooling's backward: indices -> a scatter-free gather of gradients (CNN training)
     _aten.max_pool2d_with_indices_backward.default,
+    # index factories (no ONNX translation): arange arithmetic
+    _aten.tril_indices.default,
+    _aten.triu_indices.default,
 )
 
 

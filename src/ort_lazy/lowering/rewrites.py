@@ -224,12 +224,90 @@ def slice_backward(grad: torch.Tensor, input_sizes: list[int], dim: int, start: 
 
 
 def split(x: torch.Tensor, split_size: int, dim: int = 0) -> Any:
-    """``aten.split.Tensor`` as slices (the exporter's SplitToSequence + SequenceAt is slower)."""
+    """``aten.split.Tensor`` (and ``unsafe_split``) as slices: the exporter's SplitToSequence +
+    SequenceAt is slower."""
     dim %= x.dim()
     size = x.shape[dim]
     if not _concrete(split_size, size) or split_size <= 0:
         return NotImplemented
     return [x.narrow(dim, i, min(split_size, size - i)) for i in range(0, size, split_size)] or [x]
+
+
+def split_with_sizes(x: torch.Tensor, split_sizes: list[int], dim: int = 0) -> Any:
+    """``aten.split_with_sizes`` (and ``unsafe_split_with_sizes``) as slices: the exporter's
+    SplitToSequence translation is ill-typed for ONNX type inference."""
+    dim %= x.dim()
+    if not _concrete(*split_sizes):
+        return NotImplemented
+    out, start = [], 0
+    for size in split_sizes:
+        out.append(x.narrow(dim, start, size))
+        start += size
+    return out
+
+
+def _reduce_scalar(op: Any) -> Any:
+    """A reduction of a 0-d tensor is the tensor itself (as bool for any/all): the exporter's
+    translations of amax/amin/any/all are ill-typed for 0-d inputs."""
+
+    def decompose(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if x.dim() != 0:
+            return NotImplemented
+        if op in (_aten.any, _aten.all):
+            return x != 0 if x.dtype != torch.bool else x.clone()
+        return x.clone()
+
+    return decompose
+
+
+def isnan_of_integers(x: torch.Tensor) -> Any:
+    """``isnan`` of an integer or bool tensor: all False (ONNX's IsNaN takes floats only)."""
+    if x.is_floating_point() or x.is_complex():
+        return NotImplemented
+    return torch.zeros_like(x, dtype=torch.bool)
+
+
+def round_integers(x: torch.Tensor) -> Any:
+    """``trunc``/``floor``/``ceil``/``round`` of integers: the values themselves (ONNX's Floor and
+    friends take floats only)."""
+    if x.is_floating_point() or x.is_complex():
+        return NotImplemented
+    return x.clone()
+
+
+def batch_norm_no_training(x: torch.Tensor, *args: Any) -> Any:
+    """Eval batch norm in float64 / float16 / bfloat16 as torch decomposes it (elementwise ops):
+    the exporter's translation is ill-typed there; float32 keeps the single BatchNormalization."""
+    if x.dtype == torch.float32:
+        return NotImplemented
+    return _torch_decomposition(_aten._native_batch_norm_legit_no_training.default, x, *args)
+
+
+def layer_norm_low_precision(x: torch.Tensor, shape: list[int], weight: Any, bias: Any, eps: float) -> Any:
+    """float16 / bfloat16 layer norm computed in float32 and rounded, as eager's CPU kernel does
+    (its statistics come back in the input's dtype): the exporter's translation declares float16
+    statistics ONNX's LayerNormalization does not make."""
+    if x.dtype not in (torch.float16, torch.bfloat16):
+        return NotImplemented
+
+    def wide(t: Any) -> Any:
+        return None if t is None else t.float()
+
+    out, mean, rstd = _aten.native_layer_norm.default(x.float(), shape, wide(weight), wide(bias), eps)
+    return out.to(x.dtype), mean.to(x.dtype), rstd.to(x.dtype)
+
+
+def hardtanh_backward(grad: torch.Tensor, x: torch.Tensor, min_val: float, max_val: float) -> Any:
+    """``hardtanh_backward`` outside float32 as one select; the exporter's translation is
+    ill-typed there. NaN inputs follow eager's CPU kernels, which differ by dtype: float16 and
+    bfloat16 zero the gradient where ``x <= min or x >= max`` (a NaN keeps it), others keep it
+    where ``min < x < max`` (a NaN loses it)."""
+    if grad.dtype == torch.float32:
+        return NotImplemented
+    zero = grad.new_zeros(())
+    if grad.dtype in (torch.float16, torch.bfloat16):
+        return torch.where((x <= min_val) | (x >= max_val), zero, grad)
+    return torch.where((x > min_val) & (x < max_val), grad, zero)
 
 
 def safe_softmax(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -386,6 +464,16 @@ DECOMPOSITIONS = {
     _aten.slice_scatter.default: slice_scatter,
     _aten.slice_backward.default: slice_backward,
     _aten.split.Tensor: split,
+    _aten.unsafe_split.Tensor: split,
+    _aten.split_with_sizes.default: split_with_sizes,
+    _aten.unsafe_split_with_sizes.default: split_with_sizes,
+    **{op.default: _reduce_scalar(op) for op in (_aten.amax, _aten.amin)},
+    **{getattr(op, o): _reduce_scalar(op) for op in (_aten.any, _aten.all) for o in ("default", "dim", "dims")},
+    _aten.isnan.default: isnan_of_integers,
+    **{op.default: round_integers for op in (_aten.trunc, _aten.floor, _aten.ceil, _aten.round)},
+    _aten._native_batch_norm_legit_no_training.default: batch_norm_no_training,
+    _aten.native_layer_norm.default: layer_norm_low_precision,
+    _aten.hardtanh_backward.default: hardtanh_backward,
     _aten._safe_softmax.default: safe_softmax,
     _aten.native_batch_norm.default: native_batch_norm,
     _aten._adaptive_avg_pool2d_backward.default: adaptive_avg_pool2d_backward,
