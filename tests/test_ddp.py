@@ -313,3 +313,49 @@ def test_example_under_torchrun() -> None:
     assert sorted(runs) == list(range(WORLD_SIZE)), output[-4000:]
     assert all(n > 0 for n in runs.values()), runs
     assert len(re.findall(r"\[rank \d\] step 3/3 loss \d", output)) == WORLD_SIZE, output[-4000:]
+
+
+_UNCOMPILED_DDP = """
+import logging, sys, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(message)s")
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+from ort_lazy import metrics
+
+class Mine(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+def seq():
+    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+
+form = sys.argv[2]
+model = {"compile(DDP(Sequential))": lambda: torch.compile(DDP(seq()), backend="ort"),
+         "compile(DDP(Mine))": lambda: torch.compile(DDP(Mine()), backend="ort"),
+         "DDP(compile(Sequential))": lambda: DDP(torch.compile(seq(), backend="ort"))}[form]()
+model(torch.randn(4, 8)).sum().backward()
+c = metrics.counters()
+print("RESULT", c["graphs_compiled"], c["ddp_uncompiled"])
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize(
+    "form,compiles,warns",
+    [("compile(DDP(Sequential))", False, True), ("compile(DDP(Mine))", True, False), ("DDP(compile(Sequential))", True, False)],
+)
+def test_compiled_ddp_that_compiles_nothing_is_named(tmp_path: Path, form: str, compiles: bool, warns: bool) -> None:
+    script = tmp_path / "run.py"
+    script.write_text(_UNCOMPILED_DDP)
+    out = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "store"), form], capture_output=True, text=True, timeout=240, cwd=REPO
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    graphs, flagged = (int(v) for v in re.search(r"RESULT (\d+) (\d+)", out.stdout).groups())
+    assert (graphs > 0) == compiles and (flagged > 0) == warns, out.stdout
+    advice = "DDP(torch.compile(model, backend='ort'))"
+    assert (out.stdout.count(advice) == 1) == warns, out.stdout

@@ -77,6 +77,58 @@ def dynamo_control_exceptions() -> tuple[type[BaseException], ...]:
     return tuple(getattr(exc, n) for n in names if isinstance(getattr(exc, n, None), type))
 
 
+def dynamo_graph_breaks() -> dict[str, int]:
+    """Dynamo's graph-break reasons seen in this process, with counts."""
+    from torch._dynamo.utils import counters
+
+    return dict(counters["graph_break"])
+
+
+def on_dynamo_frame_compiled(callback: Any) -> None:
+    """Call ``callback()`` each time dynamo finishes converting a Python frame (any backend)."""
+    torch._dynamo.callback_handler.register_end_callback(lambda _args: callback())
+
+
+def frame_being_compiled() -> tuple[dict[str, Any], Any] | None:
+    """From inside a dynamo compile callback: (the local variables of the Python frame dynamo is
+    converting, the backend it compiles with), or None when they cannot be found."""
+    import sys
+
+    f = sys._getframe(1)
+    for _ in range(64):
+        if f is None:
+            return None
+        if f.f_code.co_name == "_compile" and f.f_code.co_filename.endswith("convert_frame.py"):
+            frame = f.f_locals.get("frame")
+            frame_locals = getattr(frame, "f_locals", None)
+            if not isinstance(frame_locals, dict):
+                return None
+            return frame_locals, f.f_locals.get("compiler_fn")
+        f = f.f_back
+    return None
+
+
+def unwrap_backend(fn: Any) -> Any:
+    """The user's backend callable inside dynamo's and torch.compile's wrappers."""
+    import functools
+
+    for _ in range(8):
+        inner = getattr(fn, "_torchdynamo_orig_backend", None) or getattr(fn, "compiler_fn", None)
+        if inner is None and isinstance(fn, functools.partial):
+            inner = fn.func
+        if inner is None or inner is fn:
+            return fn
+        fn = inner
+    return fn
+
+
+def dynamo_skips(code: Any) -> bool:
+    """Whether dynamo refuses to trace ``code`` as a frame of its own (torch's own modules)."""
+    from torch._dynamo import trace_rules
+
+    return bool(trace_rules.check(code))
+
+
 def tracing_context(fake_mode: Any) -> Any:
     """A tracing context whose fake mode is ``fake_mode`` (passes look the mode up there)."""
     from torch._guards import TracingContext, tracing

@@ -44,6 +44,7 @@ _COUNTER_NAMES = (
     "export_failures",
     "ort_failures",
     "graphs_compiled",
+    "ddp_uncompiled",
     "disk_cache_hits",
     "disk_cache_misses",
     "disk_cache_rejected",

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from .. import _compat, metrics
 from ..lowering.aten import compile_captured
 from ..options import Options
 
@@ -33,6 +34,37 @@ def _resolve(options: Options | Mapping[str, Any] | None) -> Options:
     return Options.from_env(**dict(options or {}))
 
 
+_DDP_ADVICE = (
+    "ort-lazy: torch.compile(DistributedDataParallel(model)) compiles no graph for this model: dynamo stops in "
+    "DDP's forward and does not trace %s.forward (a torch.nn class) as a frame of its own, so it runs in plain "
+    "PyTorch. Compile the module inside DDP instead: DDP(torch.compile(model, backend='ort'))."
+)
+
+
+def _is_ours(backend: Any) -> bool:
+    return getattr(_compat.unwrap_backend(backend), "_ort_lazy_backend", False)
+
+
+def _check_ddp_frame() -> None:
+    """After dynamo converts a frame: warn once when it was a DDP forward compiled with the
+    ``ort`` backend whose module dynamo will never trace (``torch.compile(DDP(nn.Sequential))``
+    silently runs eager on torch 2.13)."""
+    found = _compat.frame_being_compiled()
+    if found is None:
+        return
+    frame_locals, backend = found
+    ddp = next((v for v in frame_locals.values() if isinstance(v, torch.nn.parallel.DistributedDataParallel)), None)
+    if ddp is None or not _is_ours(backend):
+        return
+    inner = ddp.module
+    if _compat.dynamo_skips(type(inner).forward.__code__):
+        metrics.increment("ddp_uncompiled")
+        metrics.warn_once("ddp-uncompiled", _DDP_ADVICE, type(inner).__name__)
+
+
+_compat.on_dynamo_frame_compiled(_check_ddp_frame)
+
+
 def make_backend(options: Options | Mapping[str, Any] | None = None) -> Callable[..., Any]:
     """A dynamo backend callable bound to ``options`` (an :class:`Options` or a dict of fields).
 
@@ -43,6 +75,7 @@ def make_backend(options: Options | Mapping[str, Any] | None = None) -> Callable
     def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **_: Any) -> Callable[..., Any]:
         return compile_captured(gm, example_inputs, _resolve(options))
 
+    backend._ort_lazy_backend = True  # type: ignore[attr-defined]
     return backend
 
 
@@ -51,6 +84,9 @@ def ort_backend(
 ) -> Callable[..., Any]:
     """The ``ort`` dynamo backend: ``torch.compile(model, backend="ort", options={...})``."""
     return compile_captured(gm, example_inputs, _resolve(options))
+
+
+ort_backend._ort_lazy_backend = True  # type: ignore[attr-defined]
 
 
 def compile(model: Any, *, dynamic: bool | None = None, fullgraph: bool = False, **options: Any) -> Any:
