@@ -1,8 +1,10 @@
-"""Shared fixtures and the ``--shards N --shard I`` split used by build.py and CI."""
+"""Shared fixtures, the ``--shards N --shard I`` split used by build.py and CI, and the opt-in
+full model zoo (``--zoo-full`` or ``ORT_LAZY_ZOO_FULL=1``; the default run takes its fast subset)."""
 
 from __future__ import annotations
 
 import hashlib
+import os
 
 import pytest
 
@@ -11,6 +13,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("ort-lazy sharding")
     group.addoption("--shards", type=int, default=1, help="split the suite into N shards")
     group.addoption("--shard", type=int, default=0, help="run shard I (0-based)")
+    zoo = parser.getgroup("ort-lazy model zoo")
+    zoo.addoption(
+        "--zoo-full",
+        action="store_true",
+        default=os.environ.get("ORT_LAZY_ZOO_FULL", "") not in ("", "0"),
+        help="also run the zoo tests marked zoo_full (default: only the fast subset; env ORT_LAZY_ZOO_FULL=1)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "zoo_full: model-zoo test outside the fast subset (opt in with --zoo-full)")
 
 
 def shard_of(nodeid: str, shards: int) -> int:
@@ -19,6 +32,11 @@ def shard_of(nodeid: str, shards: int) -> int:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--zoo-full"):
+        opt_in = pytest.mark.skip(reason="full model zoo: opt in with --zoo-full or ORT_LAZY_ZOO_FULL=1")
+        for item in items:
+            if item.get_closest_marker("zoo_full"):
+                item.add_marker(opt_in)
     shards = config.getoption("--shards")
     if shards <= 1:
         return

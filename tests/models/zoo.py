@@ -1,0 +1,244 @@
+"""The model zoo: small random-weight models built from the libraries' own classes.
+
+Every case builds its model from a config (transformers) or a model name / class (timm) with
+random weights: nothing is downloaded. Sizes are tiny (hidden 32, 1-2 layers, 32x32 or 64x64
+images) so one test takes seconds, and every batch holds at least 2 samples, so bugs that
+depend on the batch size show. Dropout is off everywhere, so eager and compiled training
+steps see the same function. Classifiers set ``problem_type`` up front: transformers would set
+it on the first call and so make dynamo recompile on the second.
+
+A case gives the model, its inputs, and the integer labels of a training step; the loss is
+computed inside the compiled function (the Hugging Face model's own ``labels=`` loss, or
+:class:`ClassifierLoss` with a mean cross-entropy for timm classifiers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torchvision_stub import import_timm
+
+VOCAB = 96
+BATCH = 2
+
+
+@dataclass(frozen=True)
+class ModelCase:
+    """One zoo model: how to build it, its inputs, and what a training step feeds it."""
+
+    name: str
+    build: Callable[[], torch.nn.Module]
+    inputs: Callable[[torch.Generator], dict[str, torch.Tensor]]
+    # the labels of a training step; the loss is the model's own (HF) or ClassifierLoss's
+    labels: Callable[[torch.Generator], torch.Tensor]
+    # output fields compared in inference (a plain tensor output when empty)
+    outputs: tuple[str, ...] = ("logits",)
+    family: str = "transformers"
+
+    def model(self) -> torch.nn.Module:
+        torch.manual_seed(0)
+        return self.build()
+
+    def train_model(self) -> torch.nn.Module:
+        """A module whose forward(**inputs, labels=...) returns the scalar training loss."""
+        model = self.model()
+        return model if self.family == "transformers" else ClassifierLoss(model)
+
+
+class ClassifierLoss(torch.nn.Module):
+    """``F.cross_entropy(model(x), labels)`` with ``reduction="mean"``, inside the compiled graph."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.model(x), labels, reduction="mean")
+
+
+# -- inputs -----------------------------------------------------------------------------------
+
+
+def _tokens(length: int) -> Callable[[torch.Generator], torch.Tensor]:
+    def make(gen: torch.Generator) -> torch.Tensor:
+        return torch.randint(1, VOCAB, (BATCH, length), generator=gen)
+
+    return make
+
+
+def _text(length: int, padded: bool = False) -> Callable[[torch.Generator], dict[str, torch.Tensor]]:
+    """input_ids (and an attention mask whose last row is right-padded, when ``padded``)."""
+
+    def make(gen: torch.Generator) -> dict[str, torch.Tensor]:
+        ids = torch.randint(1, VOCAB, (BATCH, length), generator=gen)
+        if not padded:
+            return {"input_ids": ids}
+        mask = torch.ones(BATCH, length, dtype=torch.long)
+        mask[-1, length - 3 :] = 0
+        ids = ids.masked_fill(mask == 0, 0)
+        return {"input_ids": ids, "attention_mask": mask}
+
+    return make
+
+
+def _seq2seq(gen: torch.Generator) -> dict[str, torch.Tensor]:
+    return {
+        "input_ids": torch.randint(1, VOCAB, (BATCH, 10), generator=gen),
+        "decoder_input_ids": torch.randint(1, VOCAB, (BATCH, 6), generator=gen),
+    }
+
+
+def _speech(gen: torch.Generator) -> dict[str, torch.Tensor]:
+    # Whisper's encoder wants exactly 2 * max_source_positions mel frames
+    return {
+        "input_features": torch.randn(BATCH, 16, 32, generator=gen),
+        "decoder_input_ids": torch.randint(1, VOCAB, (BATCH, 6), generator=gen),
+    }
+
+
+def _image(size: int, key: str = "pixel_values") -> Callable[[torch.Generator], dict[str, torch.Tensor]]:
+    def make(gen: torch.Generator) -> dict[str, torch.Tensor]:
+        return {key: torch.randn(BATCH, 3, size, size, generator=gen)}
+
+    return make
+
+
+def _classes(n: int) -> Callable[[torch.Generator], torch.Tensor]:
+    def make(gen: torch.Generator) -> torch.Tensor:
+        return torch.randint(0, n, (BATCH,), generator=gen)
+
+    return make
+
+
+# -- models -----------------------------------------------------------------------------------
+
+
+def _gpt2() -> torch.nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(
+        vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=2,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+    )
+    return GPT2LMHeadModel(config)
+
+
+def _llama() -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )
+    return LlamaForCausalLM(config)
+
+
+def _t5() -> torch.nn.Module:
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    config = T5Config(
+        vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2,
+        num_heads=4, dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0,
+    )
+    return T5ForConditionalGeneration(config)
+
+
+def _whisper() -> torch.nn.Module:
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    config = WhisperConfig(
+        vocab_size=VOCAB, num_mel_bins=16, d_model=32, encoder_layers=1, decoder_layers=1,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64,
+        max_source_positions=16, max_target_positions=32, dropout=0.0, attention_dropout=0.0,
+        activation_dropout=0.0, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
+        suppress_tokens=None, begin_suppress_tokens=None,
+    )
+    return WhisperForConditionalGeneration(config)
+
+
+def _bert() -> torch.nn.Module:
+    from transformers import BertConfig, BertForSequenceClassification
+
+    config = BertConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=64, hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0, num_labels=5, problem_type="single_label_classification",
+    )
+    return BertForSequenceClassification(config)
+
+
+def _distilbert() -> torch.nn.Module:
+    from transformers import DistilBertConfig, DistilBertForSequenceClassification
+
+    config = DistilBertConfig(
+        vocab_size=VOCAB, dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=64,
+        dropout=0.0, attention_dropout=0.0, seq_classif_dropout=0.0, num_labels=5,
+        problem_type="single_label_classification",
+    )
+    return DistilBertForSequenceClassification(config)
+
+
+def _vit() -> torch.nn.Module:
+    from transformers import ViTConfig, ViTForImageClassification
+
+    config = ViTConfig(
+        image_size=32, patch_size=8, num_channels=3, hidden_size=32, num_hidden_layers=2,
+        num_attention_heads=2, intermediate_size=64, hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0, num_labels=10, problem_type="single_label_classification",
+    )
+    return ViTForImageClassification(config)
+
+
+def _resnet() -> torch.nn.Module:
+    # resnet18's blocks and depths (BasicBlock x (2, 2, 2, 2), 7x7 stem, max pooling), 1/4 the width
+    return import_timm().create_model(
+        "resnet18", pretrained=False, num_classes=10, stem_width=16, channels=(16, 32, 64, 128)
+    )
+
+
+def _mobilenet() -> torch.nn.Module:
+    # depthwise convolutions, squeeze-excite with hard-sigmoid, hard-swish, BatchNorm
+    return import_timm().create_model("mobilenetv3_small_050", pretrained=False, num_classes=10)
+
+
+def _convnext() -> torch.nn.Module:
+    # convnext_atto's block (7x7 depthwise conv, LayerNorm2d, conv MLP, layer scale), smaller
+    timm = import_timm()
+    return timm.models.convnext.ConvNeXt(depths=(1, 1, 2, 1), dims=(16, 32, 64, 128), conv_mlp=True, num_classes=10)
+
+
+def _lm_labels(length: int) -> Callable[[torch.Generator], torch.Tensor]:
+    return _tokens(length)
+
+
+CASES: dict[str, ModelCase] = {
+    c.name: c
+    for c in [
+        ModelCase("gpt2", _gpt2, _text(12), _lm_labels(12)),
+        ModelCase("llama", _llama, _text(12), _lm_labels(12)),
+        ModelCase("t5", _t5, _seq2seq, _lm_labels(6), outputs=("logits", "encoder_last_hidden_state")),
+        ModelCase("whisper", _whisper, _speech, _lm_labels(6), outputs=("logits", "encoder_last_hidden_state")),
+        ModelCase("bert", _bert, _text(12, padded=True), _classes(5)),
+        ModelCase("distilbert", _distilbert, _text(12, padded=True), _classes(5)),
+        ModelCase("vit", _vit, _image(32), _classes(10)),
+        ModelCase("resnet", _resnet, _image(32, "x"), _classes(10), outputs=(), family="timm"),
+        ModelCase("mobilenet", _mobilenet, _image(64, "x"), _classes(10), outputs=(), family="timm"),
+        ModelCase("convnext", _convnext, _image(32, "x"), _classes(10), outputs=(), family="timm"),
+    ]
+}
+
+
+#: The default run's subset: an encoder, a decoder and a CNN (about a minute on 2 cores);
+#: ``--zoo-full`` adds the rest.
+FAST = ("bert", "gpt2", "resnet")
+
+
+def outputs_of(case: ModelCase, out: Any) -> list[torch.Tensor]:
+    """The tensors compared in inference: the named fields, or the tensor itself."""
+    if not case.outputs:
+        return [out]
+    return [getattr(out, f) for f in case.outputs]
