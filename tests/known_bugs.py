@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-import torch._dynamo.exc
 
 
 @dataclass(frozen=True)
@@ -23,43 +22,6 @@ class Bug:
     cause: str
     raises: type[BaseException] = AssertionError
 
-
-LIFT_FRESH = Bug(
-    "lift_fresh",
-    "ort_lazy/_compat.py decomposition_table() copies all of torch._decomp.decomposition_table, "
-    "including nop_decomposition for aten.lift_fresh/aten.lift (-> aten.alias); AOTAutograd then "
-    "decomposes the lift of a torch.tensor(...) constant before FakeTensorMode fakifies it: "
-    "BackendCompilerFailed 'Please convert all Tensors to FakeTensors first or instantiate "
-    "FakeTensorMode with allow_non_fake_inputs. Found in aten.alias.default(tensor([]))'",
-    torch._dynamo.exc.BackendCompilerFailed,
-)
-
-LIFT_FRESH_COPY_EXPORT = Bug(
-    "lift_fresh_copy_export",
-    "(behind lift_fresh) a torch.tensor(...) constant, aten.lift_fresh_copy of a get_attr, cannot be "
-    "exported: the get_attr's meta['val'] is a FakeTensor of another FakeTensorMode than the rest of "
-    "the aten graph, and the exporter's insert_type_promotion_nodes (export/fx.py _prepare, for the "
-    "support probe and the region alike) raises 'Mixing fake modes NYI'; the probe answers 'export "
-    "failed', so every such constant stays in PyTorch and splits the graph (4 ops in GPT-2)",
-)
-
-NLL_TOTAL_WEIGHT = Bug(
-    "nll_total_weight",
-    "torchlib's aten_nll_loss_forward fakes total_weight = Size(output) (1 for a scalar mean loss) and "
-    "ort_lazy/_compat.py distrusted_ops() does not list aten.nll_loss_forward, so ORT's total_weight "
-    "reaches torch's nll_loss_backward decomposition, which divides by 1 instead of the number of "
-    "counted targets: under a mean cross-entropy every gradient is N times too large (N = batch "
-    "size, or non-ignored tokens); the loss itself is right",
-)
-
-BRIDGE_MULTI_OUTPUT = Bug(
-    "bridge_multi_output",
-    "cpp/bridge.cpp is_supported() accepts aten nodes with several outputs (max_pool2d_with_indices, "
-    "native_layer_norm[_backward]); torch's CustomFuseGraph cannot merge a multi-output producer into "
-    "a group: 'producer->node()->outputs().size() == 1 INTERNAL ASSERT FAILED at "
-    "torch/csrc/jit/passes/graph_fuser.cpp:446', raised by the first sync that runs a graph the "
-    "profiling executor has optimized (the zoo's 3rd SGD step, LORT MNIST's 2nd repetition)",
-)
 
 TS_SOFTMAX = Bug(
     "ts_softmax",

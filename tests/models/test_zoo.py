@@ -36,8 +36,8 @@ from zoo import CASES, FAST
 from zoo_runs import Run, inference, max_relative_grad_error, training
 
 from helpers import assert_close
-from known_bugs import LIFT_FRESH, LIFT_FRESH_COPY_EXPORT, NLL_TOTAL_WEIGHT, Bug, xfail
-from ort_lazy.support import Reason
+from known_bugs import Bug, xfail
+from ort_lazy.reasons import Reason
 
 #: Ops a case leaves to PyTorch by design, with why that is not a bug.
 #: (op, reason) -> why; the share tests fail on any fallback not listed here.
@@ -70,15 +70,6 @@ DOCUMENTED_FALLBACKS: dict[str, dict[str, dict[tuple[str, str], str]]] = {
 HF_DECODERS = ("gpt2", "llama", "t5", "whisper")
 CLASSIFIERS = ("bert", "distilbert", "vit", "resnet", "mobilenet", "convnext")
 KNOWN: dict[str, dict[str, tuple[Bug, ...]]] = {}
-for _name in HF_DECODERS:
-    KNOWN[_name] = {
-        "inference_parity": (LIFT_FRESH,),
-        "inference_on_ort": (LIFT_FRESH, LIFT_FRESH_COPY_EXPORT),
-        "training_parity": (LIFT_FRESH, NLL_TOTAL_WEIGHT),
-        "training_on_ort": (LIFT_FRESH, LIFT_FRESH_COPY_EXPORT),
-    }
-for _name in CLASSIFIERS:
-    KNOWN[_name] = {"training_parity": (NLL_TOTAL_WEIGHT,)}
 
 
 def _params(kind: str) -> list:

@@ -29,7 +29,7 @@ from zoo import CASES
 
 import ort_lazy
 from helpers import assert_close, bridge_marks
-from known_bugs import BRIDGE_MULTI_OUTPUT, TS_CONV, TS_SOFTMAX, xfail
+from known_bugs import TS_CONV, TS_SOFTMAX, xfail
 from ort_lazy import metrics
 
 pytestmark = bridge_marks()
@@ -74,8 +74,8 @@ def _completed(run: dict) -> dict:
 @pytest.mark.parametrize(
     "name",
     [
-        _param("cnn_maxpool", BRIDGE_MULTI_OUTPUT),
-        _param("transformer", BRIDGE_MULTI_OUTPUT),
+        _param("cnn_maxpool"),
+        _param("transformer"),
         _param("cnn_avgpool"),
         _param("transformer_block", full=True),
     ],
@@ -95,8 +95,8 @@ def test_lazy_sgd_matches_cpu(name: str) -> None:
 @pytest.mark.parametrize(
     "name",
     [
-        _param("cnn_maxpool", BRIDGE_MULTI_OUTPUT),
-        _param("transformer", BRIDGE_MULTI_OUTPUT),
+        _param("cnn_maxpool"),
+        _param("transformer"),
         _param("cnn_avgpool"),
         _param("transformer_block", TS_SOFTMAX, full=True),
     ],

@@ -21,8 +21,7 @@ import torch
 from zoo import CASES, ModelCase, outputs_of
 
 from ort_lazy import metrics
-from ort_lazy.debug.explain import ExplainReport
-from ort_lazy.partition import recording
+from ort_lazy.debug.records import ExplainReport, recording
 
 
 @dataclass

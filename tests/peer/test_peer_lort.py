@@ -28,7 +28,6 @@ import torch
 
 import ort_lazy
 from helpers import bridge_marks
-from known_bugs import BRIDGE_MULTI_OUTPUT, xfail
 from ort_lazy import metrics
 
 pytestmark = bridge_marks()
@@ -73,7 +72,6 @@ def test_elementwise_model(ltm) -> None:
     assert c["export_failures"] == 0 and c["ort_failures"] == 0, metrics.report()
 
 
-@xfail(BRIDGE_MULTI_OUTPUT)
 def test_mnist_model() -> None:
     src = str(Path(ort_lazy.__file__).resolve().parents[1])
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORT_LAZY_")}

@@ -51,11 +51,10 @@ import torch._dynamo.backends.registry
 from torch import nn
 
 from helpers import captured_exports
-from known_bugs import LIFT_FRESH, xfail
 from ort_lazy import metrics
+from ort_lazy.debug.records import recording
 from ort_lazy.frontends.dynamo import make_backend
 from ort_lazy.options import Options
-from ort_lazy.partition import recording
 
 
 def _backend(local: bool) -> Any:
@@ -317,7 +316,7 @@ def test_llama_decoder_with_local_backend(test_backward: bool) -> None:
     _run_llama_piece(LlamaDecoderWrapper(config).eval(), example_args_collection, test_backward)
 
 
-@pytest.mark.parametrize("test_backward", [pytest.param(b, marks=xfail(LIFT_FRESH)) for b in (False, True)])
+@pytest.mark.parametrize("test_backward", [False, True])
 def test_llama_with_local_backend(test_backward: bool) -> None:
     from transformers.models.llama.modeling_llama import LlamaModel
 
