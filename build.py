@@ -49,7 +49,7 @@ DIST = ROOT / "dist"
 TORCH_PIN = "torch==2.13.0"
 ORT_FLAVOURS = {"cpu": "onnxruntime", "cuda": "onnxruntime-gpu", "training": "onnxruntime-training==1.19.2"}
 #: ninja: the bridge build (torch's BuildExtension) compiles with it, and recompiles only what changed
-BASE_DEPS = ["onnx", "onnxscript", "onnx-ir", "numpy", "pybind11", "setuptools", "wheel", "ninja"]
+BASE_DEPS = ["onnx", "onnxscript", "onnx-ir", "numpy", "pybind11", "setuptools>=77", "wheel", "ninja"]
 TEST_DEPS = [
     "pytest",
     "pytest-xdist",
