@@ -1,9 +1,14 @@
 #!/usr/bin/env python3
-"""ort-lazy build driver: set up, build the bridge, install, wheel, test, run the demo.
+"""ort-lazy build driver: set up, build, install, wheel, test, run the demo.
 
-Run it with any Python >= 3.10. Unless it already runs inside a virtual environment (or
-``--no_venv`` is given), it creates ``.venv`` next to this file, installs the pinned
-dependencies there and re-runs itself with that interpreter, so one command does all set-up.
+A thin driver over the standard build: ``pip install --no-build-isolation .`` compiles the
+LazyTensor/TorchScript bridge as a torch C++ extension (``setup.py``). This script adds a
+virtual environment with the pinned dependencies and runs the tests or the demo.
+
+Run it with any Python the package supports (``requires-python`` in pyproject.toml). Unless it
+already runs inside a virtual environment (or ``--no_venv`` is given), it creates ``.venv``
+next to this file, installs the pinned dependencies there and re-runs itself with that
+interpreter, so one command does all set-up.
 
 Examples::
 
@@ -15,18 +20,14 @@ Examples::
 
 ORT flavours: ``onnxruntime`` (default), ``onnxruntime-gpu`` (``--use_cuda``) and
 ``onnxruntime-training==1.19.2`` (``--enable_training``). They share the import name
-``onnxruntime``, so the plan removes the other two before installing the chosen one.
-
-Packaging (conda) builds call ``build.py --no_venv --skip_deps --enable_lazy_tensor
---build_wheel --install``: the bridge is compiled against the environment's torch, the wheel
-is checked to hold ``ort_lazy/_bridge_build.json`` (the exact torch version the bridge was
-built against) and then installed.
+``onnxruntime``, so only one may be installed. Switching flavour (or, with ``--use_cuda``,
+replacing a CPU torch) fetches every new package before anything is removed, and puts the
+environment back as it was if the switch fails.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import re
@@ -36,19 +37,19 @@ import subprocess
 import sys
 import sysconfig
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent
 PACKAGE_DIR = ROOT / "src" / "ort_lazy"
-BRIDGE_RECORD = PACKAGE_DIR / "_bridge_build.json"
 DIST = ROOT / "dist"
 #: The torch every install path pins (a newer or unpinned torch pulls a multi-GB CUDA wheel).
 TORCH_PIN = "torch==2.13.0"
 ORT_FLAVOURS = {"cpu": "onnxruntime", "cuda": "onnxruntime-gpu", "training": "onnxruntime-training==1.19.2"}
-BASE_DEPS = ["onnx", "onnxscript", "onnx-ir", "numpy", "pybind11", "setuptools", "wheel"]
+#: ninja: the bridge build (torch's BuildExtension) compiles with it, and recompiles only what changed
+BASE_DEPS = ["onnx", "onnxscript", "onnx-ir", "numpy", "pybind11", "setuptools>=77", "wheel", "ninja"]
 TEST_DEPS = [
     "pytest",
     "pytest-xdist",
@@ -67,25 +68,23 @@ TEST_DEPS = [
 #: test packages installed without their dependencies: timm asks for torchvision, whose PyPI
 #: wheel is CUDA-linked and would replace the pinned CPU torch
 TEST_DEPS_NO_DEPS = ["timm==1.0.31"]
-CONFIGS = ("Debug", "Release", "RelWithDebInfo")
+CONFIGS = ("Release", "RelWithDebInfo", "Debug")
 #: CUDA used to pick torch's wheel index when neither --cuda_version nor nvcc says otherwise.
 DEFAULT_CUDA = "12.6"
 TORCH_WHEEL_INDEX = "https://download.pytorch.org/whl/{tag}"
-#: Optimisation flags per --config when cpp/build_bridge.py (whose CONFIGS wins) is absent.
-CONFIG_FLAGS = {
-    "Debug": ["-O0", "-g"],
-    "Release": ["-O3", "-DNDEBUG"],
-    "RelWithDebInfo": ["-O2", "-g", "-DNDEBUG"],
-}
-#: Environment variable the bridge build reads to compile NVTX ranges in (-DORT_LAZY_ENABLE_NVTX=1).
-NVTX_ENV = "ORT_LAZY_ENABLE_NVTX"
-EXTENSION_SUFFIXES = (".so", ".pyd", ".dylib")
+#: Environment variables setup.py reads (see its docstring).
+BRIDGE_ENV = "ORT_LAZY_BUILD_BRIDGE"
+CONFIG_ENV = "ORT_LAZY_BUILD_CONFIG"
+#: A wheel built by this run, for the tests that check what the build produced.
+TEST_WHEEL_ENV = "ORT_LAZY_TEST_WHEEL"
+EXTENSION_SUFFIXES = (".so", ".pyd")
 
 
 # --------------------------------------------------------------------------- arguments
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line (every flag is documented in --help)."""
     p = argparse.ArgumentParser(
         prog="build.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -94,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--venv", default=str(ROOT / ".venv"), help="virtual environment to create/use (default: .venv)"
     )
     g.add_argument(
-        "--no_venv", action="store_true", help="use the running interpreter as is (conda builds, CI images)"
+        "--no_venv", action="store_true", help="use the running interpreter as is (CI images, conda envs)"
     )
     g.add_argument("--skip_deps", action="store_true", help="do not pip-install or remove any dependency")
     g.add_argument(
@@ -106,25 +105,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="pip index torch is installed from (default: pip's own; with --use_cuda the "
         "download.pytorch.org CUDA index for --cuda_version; CI passes the CPU index)",
     )
-    g.add_argument(
-        "--torch_dir",
-        default=None,
-        metavar="PATH",
-        help="compile the bridge against the torch at PATH (a torch package directory or a "
-        "site-packages holding one) instead of the importable one; PATH's torch is also put first "
-        "on PYTHONPATH for the tests and demo, and no torch is pip-installed",
-    )
     b = p.add_argument_group("build")
     b.add_argument(
         "--enable_lazy_tensor",
         action="store_true",
-        help="build the pybind11 LazyTensor/TorchScript bridge (cpp/) into the package",
+        help="build the LazyTensor/TorchScript bridge (the C++ extension in cpp/) into the package; "
+        f"without it the install is pure Python ({BRIDGE_ENV}=0)",
     )
     b.add_argument(
         "--use_cuda",
         action="store_true",
-        help="build against a CUDA torch and pair it with onnxruntime-gpu; stops before building "
-        "when no CUDA toolkit (nvcc) is found, or no GPU is visible and --test/--demo would run",
+        help="install a CUDA torch and onnxruntime-gpu; stops before changing anything when no CUDA "
+        "toolkit (nvcc) is found, or no GPU is visible and --test/--demo would run",
     )
     b.add_argument(
         "--cuda_home",
@@ -136,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--cuda_version",
         default=None,
         metavar="X.Y",
-        help="CUDA version to build for, e.g. 12.6; must match nvcc",
+        help="CUDA version of the torch wheels, e.g. 12.6; must match nvcc",
     )
     b.add_argument(
         "--enable_training",
@@ -144,26 +136,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="pair the build with onnxruntime-training==1.19.2 instead of onnxruntime",
     )
     b.add_argument(
-        "--enable_nvtx_profile",
-        action="store_true",
-        help=f"compile NVTX ranges around export, session creation and runs (CUDA): sets {NVTX_ENV}=1 "
-        "for the bridge build and records it in _bridge_build.json",
-    )
-    b.add_argument(
-        "--config", default="Release", choices=CONFIGS, help="bridge build type (default: Release)"
-    )
-    b.add_argument(
-        "--parallel",
-        type=int,
-        default=os.cpu_count() or 1,
-        metavar="N",
-        help="parallel compile jobs (default: all cores)",
+        "--config",
+        default="Release",
+        choices=CONFIGS,
+        help=f"bridge build type: optimisation and debug flags ({CONFIG_ENV}; default: Release)",
     )
     b.add_argument(
         "--build_wheel",
         action="store_true",
-        help="build a wheel into dist/; with the bridge it is tagged for this platform and checked "
-        "to hold the bridge and the torch version it was built against",
+        help="build a wheel into dist/ (pip wheel --no-build-isolation): with the bridge it is tagged "
+        "for this Python and platform; checked to hold the bridge and its build record",
     )
     b.add_argument(
         "--install",
@@ -185,20 +167,22 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--dry_run",
         action="store_true",
-        help="print the plan as JSON (commands, compiler flags, torch found, ORT flavour) and exit",
+        help="print the plan as JSON (checks, commands, torch and ORT flavour, packages a switch "
+        "would remove) and exit without changing anything",
     )
     return p
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse and cross-check the flags (argparse exits with status 2 on a bad combination)."""
     p = build_parser()
     args = p.parse_args(argv)
     if args.shards < 1:
         p.error(f"--shards must be >= 1, got {args.shards}")
     if not 0 <= args.shard < args.shards:
         p.error(f"--shard must be in [0, {args.shards}), got {args.shard}")
-    if args.parallel < 1:
-        p.error(f"--parallel must be >= 1, got {args.parallel}")
+    if args.shards > 1 and not args.test:
+        p.error("--shards/--shard select tests: add --test")
     if args.use_cuda and args.enable_training:
         p.error(
             "--use_cuda and --enable_training pick different ORT packages that share the module "
@@ -211,13 +195,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--cuda_version must look like 12.6, got {args.cuda_version!r}")
     if args.cuda_home is not None and not args.use_cuda:
         p.error("--cuda_home needs --use_cuda")
-    if args.torch_dir is not None:
-        try:
-            args.torch_dir = str(torch_package_dir(Path(args.torch_dir)))
-        except FileNotFoundError as e:
-            p.error(str(e))
-    if args.shards > 1 and not args.test:
-        p.error("--shards/--shard select tests: add --test")
     return args
 
 
@@ -241,47 +218,69 @@ def target_python(args: argparse.Namespace) -> str:
     return str(venv_python(Path(args.venv))) if uses_venv(args) else sys.executable
 
 
-def torch_package_dir(path: Path) -> Path:
-    """The torch package directory PATH names (the package itself or a directory holding it)."""
-    for candidate in (path, path / "torch"):
-        if (candidate / "version.py").is_file() and (candidate / "__init__.py").is_file():
-            return candidate.resolve()
-    raise FileNotFoundError(
-        f"--torch_dir {path}: no torch package there (expected version.py in it or in torch/)"
+def canonical(name: str) -> str:
+    """PEP 503 normalised distribution name."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+_INSTALLED = """
+import json, re, sys
+from importlib import metadata
+dists = {}
+for d in metadata.distributions():
+    name = d.metadata["Name"]
+    if name:
+        dists.setdefault(re.sub(r"[-_.]+", "-", name).lower(), d.version)
+print(json.dumps({"prefix": sys.prefix, "dists": dists}))
+"""
+
+_FILES = """
+import json, sys
+from importlib import metadata
+files = []
+for name in json.loads(sys.argv[1]):
+    d = metadata.distribution(name)
+    files += [str(d.locate_file(f)) for f in (d.files or [])]
+print(json.dumps(files))
+"""
+
+
+def environment(py: str) -> dict[str, Any] | None:
+    """``{"prefix": ..., "dists": {name: version}}`` of the interpreter ``py``; None if it does not exist."""
+    if not Path(py).exists():
+        return None
+    out = subprocess.run([py, "-c", _INSTALLED], capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"build.py: cannot list the packages of {py}: {out.stderr.strip()}")
+    return json.loads(out.stdout)
+
+
+def installed(py: str) -> dict[str, str]:
+    """Installed distributions of ``py``: canonical name -> version (empty if ``py`` does not exist)."""
+    env = environment(py)
+    return env["dists"] if env else {}
+
+
+def torch_version_of(py: str) -> dict[str, Any] | None:
+    """``{"version", "cuda"}`` of the torch ``py`` imports, read from torch/version.py (no import)."""
+    if not Path(py).exists():
+        return None
+    probe = (
+        "import importlib.util, json; s = importlib.util.find_spec('torch'); "
+        "print(json.dumps(None if s is None or not s.submodule_search_locations "
+        "else list(s.submodule_search_locations)[0]))"
     )
-
-
-def read_torch_version_file(package_dir: Path) -> dict[str, Any]:
-    """Version facts from torch/version.py, read without importing torch."""
-    text = (package_dir / "version.py").read_text()
+    out = subprocess.run([py, "-c", probe], capture_output=True, text=True)
+    location = json.loads(out.stdout) if out.returncode == 0 and out.stdout.strip() else None
+    if location is None or not (Path(location) / "version.py").is_file():
+        return None
+    text = (Path(location) / "version.py").read_text()
 
     def field_of(name: str) -> str | None:
         m = re.search(rf"^{name}\s*(?::\s*[^=]+)?=\s*['\"]([^'\"]*)['\"]", text, re.M)
         return m.group(1) if m else None
 
-    return {"version": field_of("__version__"), "cuda": field_of("cuda"), "path": str(package_dir)}
-
-
-_PROBE = (
-    "import importlib.util, json; s = importlib.util.find_spec('torch'); "
-    "print(json.dumps(None if s is None or not s.submodule_search_locations else list(s.submodule_search_locations)[0]))"
-)
-
-
-def find_torch(args: argparse.Namespace) -> dict[str, Any] | None:
-    """The torch the bridge would be compiled against: --torch_dir's, else the target interpreter's."""
-    if args.torch_dir:
-        return {**read_torch_version_file(Path(args.torch_dir)), "source": "--torch_dir"}
-    python = target_python(args)
-    if not Path(python).exists():
-        return None
-    out = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True)
-    if out.returncode != 0 or not out.stdout.strip():
-        return None
-    location = json.loads(out.stdout)
-    if location is None or not (Path(location) / "version.py").is_file():
-        return None
-    return {**read_torch_version_file(Path(location)), "source": python}
+    return {"version": field_of("__version__"), "cuda": field_of("cuda"), "path": location}
 
 
 def find_nvcc(args: argparse.Namespace) -> Path | None:
@@ -295,10 +294,6 @@ def find_nvcc(args: argparse.Namespace) -> Path | None:
             return Path(home) / "bin" / exe
     found = shutil.which("nvcc") if not args.cuda_home else None
     return Path(found) if found else None
-
-
-def cuda_home(nvcc: Path) -> str:
-    return str(nvcc.resolve().parent.parent)
 
 
 def nvcc_version(nvcc: Path) -> str | None:
@@ -330,7 +325,17 @@ def package_version() -> str:
     return m.group(1)
 
 
-# --------------------------------------------------------------------------- the plan
+def supported_pythons() -> tuple[tuple[int, int], tuple[int, int]]:
+    """(lowest, first unsupported) Python of pyproject.toml's ``requires-python = ">=3.X,<3.Y"``."""
+    text = (ROOT / "pyproject.toml").read_text()
+    m = re.search(r'^requires-python\s*=\s*">=(\d+)\.(\d+),\s*<(\d+)\.(\d+)"', text, re.M)
+    if not m:
+        raise SystemExit('build.py: pyproject.toml needs requires-python = ">=3.X,<3.Y"')
+    a, b, c, d = map(int, m.groups())
+    return (a, b), (c, d)
+
+
+# --------------------------------------------------------------------------- decisions
 
 
 def ort_requirement(args: argparse.Namespace) -> str:
@@ -343,6 +348,12 @@ def ort_flavour(args: argparse.Namespace) -> str:
     return re.split(r"[=<>!~ ]", ort_requirement(args))[0]
 
 
+def other_flavours(args: argparse.Namespace) -> list[str]:
+    """The ORT distributions that must not be installed next to the chosen one."""
+    names = [re.split(r"[=<>!~ ]", r)[0] for r in ORT_FLAVOURS.values()]
+    return [n for n in names if n != ort_flavour(args)]
+
+
 def cuda_version(args: argparse.Namespace) -> str | None:
     """--cuda_version, else nvcc's, else DEFAULT_CUDA (only with --use_cuda)."""
     if not args.use_cuda:
@@ -353,11 +364,15 @@ def cuda_version(args: argparse.Namespace) -> str | None:
     return (nvcc_version(nvcc) if nvcc else None) or DEFAULT_CUDA
 
 
+def cuda_tag(args: argparse.Namespace) -> str:
+    return "cu" + (cuda_version(args) or DEFAULT_CUDA).replace(".", "")
+
+
 def torch_index(args: argparse.Namespace) -> str | None:
     if args.torch_index:
         return args.torch_index
     if args.use_cuda:
-        return TORCH_WHEEL_INDEX.format(tag="cu" + (cuda_version(args) or DEFAULT_CUDA).replace(".", ""))
+        return TORCH_WHEEL_INDEX.format(tag=cuda_tag(args))
     return None
 
 
@@ -365,34 +380,20 @@ def torch_requirement(args: argparse.Namespace) -> str:
     """--torch_spec; with --use_cuda an exact pin gets the CUDA local version (torch==2.13.0+cu126),
     so an installed CPU build of the same version does not satisfy it."""
     if args.use_cuda and re.fullmatch(r"torch==\d+(\.\d+)*", args.torch_spec):
-        return args.torch_spec + "+cu" + (cuda_version(args) or DEFAULT_CUDA).replace(".", "")
+        return args.torch_spec + "+" + cuda_tag(args)
     return args.torch_spec
 
 
-def bridge_config_flags() -> dict[str, list[str]]:
-    """The bridge build's own --config -> flags table (cpp/build_bridge.py CONFIGS), else CONFIG_FLAGS."""
-    path = ROOT / "cpp" / "build_bridge.py"
-    if path.is_file():
-        spec = importlib.util.spec_from_file_location("_ort_lazy_build_bridge", path)
-        if spec and spec.loader:
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)  # stdlib-only at import time
-            configs = getattr(module, "CONFIGS", None)
-            if isinstance(configs, dict):
-                return {k: list(v) for k, v in configs.items()}
-    return dict(CONFIG_FLAGS)
+def index_args(index: str | None) -> list[str]:
+    return ["--index-url", index] if index else []
 
 
-def compiler_flags(args: argparse.Namespace, torch_version: str | None = None) -> list[str]:
-    """The compile flags of the bridge for --config, --use_cuda and --enable_nvtx_profile."""
-    flags = ["-std=c++17", *bridge_config_flags()[args.config]]
-    if torch_version:
-        flags.append(f'-DORT_LAZY_TORCH_VERSION="{torch_version}"')
-    if args.use_cuda:
-        flags.append("-DORT_LAZY_USE_CUDA=1")
-    if args.enable_nvtx_profile:
-        flags.append(f"-D{NVTX_ENV}=1")
-    return flags
+def replaces_torch(args: argparse.Namespace, py: str) -> bool:
+    """--use_cuda and an installed torch that is not that CUDA build: installing replaces it."""
+    if not args.use_cuda:
+        return False
+    torch = torch_version_of(py)
+    return torch is not None and not (torch["version"] or "").endswith("+" + cuda_tag(args))
 
 
 def wheel_tags() -> tuple[str, str, str]:
@@ -406,6 +407,173 @@ def wheel_path(args: argparse.Namespace) -> Path:
     if args.enable_lazy_tensor:
         return DIST / (name + "-{}-{}-{}.whl".format(*wheel_tags()))
     return DIST / f"{name}-py3-none-any.whl"
+
+
+# --------------------------------------------------------------------------- switching packages
+
+
+def run_command(cmd: list[str], env: dict[str, str] | None = None) -> int:
+    """Run ``cmd`` from the source tree, echoed; return its exit status."""
+    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())
+    print("+ " + (prefix + " " if prefix else "") + shlex.join(cmd), flush=True)
+    return subprocess.run(cmd, cwd=ROOT, env={**os.environ, **(env or {})}).returncode
+
+
+@dataclass
+class Stash:
+    """Copies of installed files (hard links where possible), to put back after a failed switch."""
+
+    root: Path
+    files: list[tuple[Path, Path]] = field(default_factory=list)  # (copy, original)
+
+    @classmethod
+    def save(cls, root: Path, paths: Iterable[str]) -> Stash:
+        root.mkdir(parents=True, exist_ok=True)
+        stash = cls(root)
+        for i, original in enumerate(sorted({os.path.abspath(p) for p in paths})):
+            src = Path(original)
+            if not (src.is_file() or src.is_symlink()):
+                continue  # listed in RECORD but absent (e.g. a .pyc never written)
+            copy = root / str(i)
+            try:
+                os.link(src, copy, follow_symlinks=False)
+            except OSError:
+                shutil.copy2(src, copy, follow_symlinks=False)
+            stash.files.append((copy, src))
+        return stash
+
+    def restore(self) -> None:
+        for copy, original in self.files:
+            original.parent.mkdir(parents=True, exist_ok=True)
+            if original.is_symlink() or original.exists():
+                original.unlink()
+            os.replace(copy, original)
+        self.files.clear()
+
+    def drop(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@dataclass
+class Switch:
+    """Replace installed packages safely: fetch the new ones first, restore the old ones on failure.
+
+    ``remove`` are installed distributions to uninstall (the other ORT flavours); ``fetch`` are
+    ``(requirements, pip index arguments)`` groups to install. Steps: download every new wheel
+    (an unreachable index or a missing wheel stops here, before any change); ask pip (offline,
+    ``--dry-run``) which installed packages the install would replace; keep a copy of those and
+    of ``remove``; uninstall ``remove``; install offline from the downloaded wheels. If that
+    fails (or is interrupted), whatever it added is uninstalled and the copies are put back.
+    """
+
+    py: str
+    remove: list[str]
+    fetch: list[tuple[list[str], list[str]]]
+    workdir: Path
+    runner: Callable[[list[str]], int] = run_command
+
+    def requirements(self) -> list[str]:
+        return [r for reqs, _ in self.fetch for r in reqs]
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "remove": self.remove,
+            "install": self.requirements(),
+            "fetch": [shlex.join(self._download(reqs, index)) for reqs, index in self.fetch],
+        }
+
+    def _pip(self, *args: str) -> list[str]:
+        return [self.py, "-m", "pip", *args]
+
+    def _download(self, reqs: list[str], index: list[str]) -> list[str]:
+        return self._pip("download", "-q", "-d", str(self.workdir / "wheels"), *index, *reqs)
+
+    def apply(self) -> None:
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        self.workdir.mkdir(parents=True)
+        wheels = str(self.workdir / "wheels")
+        try:
+            for reqs, index in self.fetch:
+                if self.runner(self._download(reqs, index)) != 0:
+                    sys.exit(
+                        f"build.py: could not fetch {', '.join(reqs)} (index unreachable or no matching "
+                        "wheel); nothing was changed"
+                    )
+            report = self.workdir / "report.json"
+            offline = ["--no-index", "--find-links", wheels]
+            if (
+                self.runner(
+                    self._pip(
+                        "install", "-q", "--dry-run", *offline, "--report", str(report), *self.requirements()
+                    )
+                )
+                != 0
+            ):
+                sys.exit("build.py: the fetched packages do not install together; nothing was changed")
+            before = installed(self.py)
+            replaced = []
+            for item in json.loads(report.read_text()).get("install", []):
+                name = canonical(item["metadata"]["name"])
+                if name in before and before[name] != item["metadata"]["version"]:
+                    replaced.append(name)
+            keep = [n for n in self.remove if n in before] + replaced
+            stash = Stash.save(self.workdir / "stash", self._files(keep))
+            ok = False
+            try:
+                ok = (
+                    not self.remove or self.runner(self._pip("uninstall", "-y", "-q", *self.remove)) == 0
+                ) and (self.runner(self._pip("install", "-q", *offline, *self.requirements())) == 0)
+            finally:
+                if not ok:
+                    self._restore(before, stash)
+            if not ok:
+                sys.exit(
+                    f"build.py: installing {', '.join(self.requirements())} failed; the environment was "
+                    f"restored ({', '.join(keep) or 'nothing'} put back)"
+                )
+        finally:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _files(self, names: list[str]) -> list[str]:
+        if not names:
+            return []
+        out = subprocess.run([self.py, "-c", _FILES, json.dumps(names)], capture_output=True, text=True)
+        if out.returncode != 0:
+            sys.exit(f"build.py: cannot list the files of {', '.join(names)}: {out.stderr.strip()}")
+        return json.loads(out.stdout)
+
+    def _restore(self, before: dict[str, str], stash: Stash) -> None:
+        """Uninstall what the failed switch added or replaced, then put the saved files back."""
+        after = installed(self.py)
+        changed = sorted(n for n, v in after.items() if before.get(n) != v)
+        if changed:
+            self.runner(self._pip("uninstall", "-y", "-q", *changed))
+        stash.restore()
+        left = {n: v for n, v in installed(self.py).items() if before.get(n) != v}
+        gone = sorted(set(before) - set(installed(self.py)))
+        if left or gone:
+            print(f"build.py: after restoring, differs from before: added {left}, missing {gone}", flush=True)
+
+
+def switch_for(args: argparse.Namespace, py: str) -> Switch | None:
+    """The package switch this run needs, or None: another ORT flavour installed, or (--use_cuda)
+    an installed torch that a CUDA build replaces."""
+    if args.skip_deps:
+        return None
+    have = installed(py)
+    remove = [n for n in other_flavours(args) if n in have]
+    fetch: list[tuple[list[str], list[str]]] = []
+    if replaces_torch(args, py):
+        fetch.append(([torch_requirement(args)], index_args(torch_index(args))))
+    if not remove and not fetch:
+        return None
+    fetch.append(([ort_requirement(args)], []))
+    env = environment(py)
+    prefix = Path(env["prefix"]) if env else Path(args.venv)
+    return Switch(py, remove, fetch, prefix / ".ort-lazy-switch")
+
+
+# --------------------------------------------------------------------------- the plan
 
 
 @dataclass
@@ -426,92 +594,62 @@ class Step:
         }
 
 
-def step_env(args: argparse.Namespace) -> dict[str, str]:
-    """Environment every step after set-up runs with."""
-    env: dict[str, str] = {}
-    if args.torch_dir:
-        site = str(Path(args.torch_dir).parent)
-        env["PYTHONPATH"] = os.pathsep.join([site, *filter(None, [os.environ.get("PYTHONPATH")])])
-    return env
+def build_env(args: argparse.Namespace) -> dict[str, str]:
+    """What setup.py reads: the bridge on or off, and its build type."""
+    return {BRIDGE_ENV: "1" if args.enable_lazy_tensor else "0", CONFIG_ENV: args.config}
 
 
 def plan(args: argparse.Namespace, py: str | None = None) -> list[Step]:
-    """Everything this invocation does, in order (what --dry_run prints)."""
+    """Everything this invocation does after the checks, in order (what --dry_run prints)."""
     py = py or target_python(args)
     pip = [py, "-m", "pip"]
-    env = step_env(args)
+    env = build_env(args)
     steps: list[Step] = []
     if uses_venv(args) and not venv_python(Path(args.venv)).exists():
         steps.append(Step("create the virtual environment", [sys.executable, "-m", "venv", args.venv]))
         steps.append(Step("upgrade pip", [*pip, "install", "-q", "--upgrade", "pip"]))
     if not args.skip_deps:
-        others = [
-            name
-            for name in ("onnxruntime", "onnxruntime-gpu", "onnxruntime-training")
-            if name != ort_flavour(args)
-        ]
-        steps.append(
-            Step("remove the other ORT flavours (same module name)", [*pip, "uninstall", "-y", "-q", *others])
-        )
-        if not args.torch_dir:  # with --torch_dir that torch is used as it is
-            index = torch_index(args)
-            spec = torch_requirement(args)
+        switch = switch_for(args, py)
+        if switch is not None:
             steps.append(
                 Step(
-                    "install torch", [*pip, "install", "-q", spec, *(["--index-url", index] if index else [])]
+                    "switch packages (fetched first, restored on failure)",
+                    ["build.py:switch", *switch.remove, "->", *switch.requirements()],
+                    action=switch.apply,
                 )
             )
-        deps = [ort_requirement(args), *BASE_DEPS]
-        if args.test:
-            deps += TEST_DEPS
+        steps.append(
+            Step(
+                "install torch",
+                [*pip, "install", "-q", torch_requirement(args), *index_args(torch_index(args))],
+            )
+        )
+        deps = [ort_requirement(args), *BASE_DEPS, *(TEST_DEPS if args.test else [])]
         steps.append(Step("install dependencies", [*pip, "install", "-q", *deps]))
         if args.test:
             steps.append(
-                Step("install test models (without torchvision)", [*pip, "install", "-q", "--no-deps", *TEST_DEPS_NO_DEPS])
+                Step(
+                    "install test models (without torchvision)",
+                    [*pip, "install", "-q", "--no-deps", *TEST_DEPS_NO_DEPS],
+                )
             )
     if args.use_cuda:
         steps.append(
             Step(
                 "check torch is a CUDA build",
                 ["build.py:check_cuda_torch"],
-                action=lambda: check_cuda_torch(args),
-            )
-        )
-    if args.enable_lazy_tensor:
-        cmd = [
-            py,
-            str(ROOT / "cpp" / "build_bridge.py"),
-            "--config",
-            args.config,
-            "--parallel",
-            str(args.parallel),
-        ]
-        if args.torch_dir:
-            cmd += ["--torch_dir", args.torch_dir]
-        if args.use_cuda:
-            cmd += ["--use_cuda"]
-        bridge_env = {**env, "MAX_JOBS": str(args.parallel)}
-        if args.enable_nvtx_profile:
-            bridge_env[NVTX_ENV] = "1"
-        if args.use_cuda:
-            nvcc = find_nvcc(args)
-            if nvcc:
-                bridge_env["CUDA_HOME"] = cuda_home(nvcc)
-        steps.append(Step("build the bridge", cmd, bridge_env))
-        steps.append(
-            Step(
-                "record the build options in _bridge_build.json",
-                ["build.py:record_bridge_build", str(BRIDGE_RECORD)],
-                action=lambda: record_bridge_build(args),
+                action=lambda: check_cuda_torch(args, py),
             )
         )
     install = args.install or args.test or args.demo
+    run_env: dict[str, str] = dict(env)
     if args.build_wheel:
+        wheel = wheel_path(args)
         steps.append(
             Step(
-                "clear stale build files",
-                ["build.py:clean", str(ROOT / "build"), str(DIST)],
-                action=clean_wheel_build,
+                "clear stale wheels",
+                ["build.py:clear", str(DIST / f"ort_lazy-{package_version()}-*.whl")],
+                action=clear_wheels,
             )
         )
         steps.append(
@@ -521,44 +659,29 @@ def plan(args: argparse.Namespace, py: str | None = None) -> list[Step]:
                 env,
             )
         )
-        if args.enable_lazy_tensor:
-            pure = DIST / f"ort_lazy-{package_version()}-py3-none-any.whl"
-            pyt, abi, plat = wheel_tags()
-            steps.append(
-                Step(
-                    "tag the wheel for this platform (it holds a compiled extension)",
-                    [
-                        py,
-                        "-m",
-                        "wheel",
-                        "tags",
-                        "--remove",
-                        "--python-tag",
-                        pyt,
-                        "--abi-tag",
-                        abi,
-                        "--platform-tag",
-                        plat,
-                        str(pure),
-                    ],
-                )
-            )
         steps.append(
             Step(
-                "check the wheel's contents",
-                ["build.py:check_wheel", str(wheel_path(args))],
-                action=lambda: check_wheel(wheel_path(args), args.enable_lazy_tensor),
+                "check the wheel",
+                ["build.py:check_wheel", str(wheel)],
+                action=lambda: check_wheel(wheel, args.enable_lazy_tensor),
             )
         )
+        run_env[TEST_WHEEL_ENV] = str(wheel)
         if install:
             steps.append(
                 Step(
-                    "install the wheel",
-                    [*pip, "install", "-q", "--no-deps", "--force-reinstall", str(wheel_path(args))],
-                    env,
+                    "install the wheel", [*pip, "install", "-q", "--no-deps", "--force-reinstall", str(wheel)]
                 )
             )
     elif install:
+        if not args.enable_lazy_tensor:
+            steps.append(
+                Step(
+                    "remove a bridge left in src/ by an earlier build",
+                    ["build.py:remove_inplace_bridge", str(PACKAGE_DIR)],
+                    action=remove_inplace_bridge,
+                )
+            )
         steps.append(
             Step(
                 "install ort-lazy (editable)",
@@ -567,9 +690,9 @@ def plan(args: argparse.Namespace, py: str | None = None) -> list[Step]:
             )
         )
     if args.test and not args.skip_tests:
-        steps.append(Step("run the tests", test_command(args, py), env))
+        steps.append(Step("run the tests", test_command(args, py), run_env))
     if args.demo:
-        steps.append(Step("run the demo", [py, "-m", "ort_lazy.cli", "demo"], env))
+        steps.append(Step("run the demo", [py, "-m", "ort_lazy.cli", "demo"], run_env))
     return steps
 
 
@@ -582,26 +705,21 @@ def test_command(args: argparse.Namespace, py: str) -> list[str]:
 
 def describe(args: argparse.Namespace) -> dict[str, Any]:
     """The plan as data: what --dry_run prints."""
+    py = target_python(args)
     nvcc = find_nvcc(args) if args.use_cuda else None
-    torch = find_torch(args)
+    switch = switch_for(args, py)
     return {
-        "python": target_python(args),
+        "python": py,
         "venv": args.venv if uses_venv(args) else None,
+        "checks": checks(args),
         "torch": {
-            "found": torch,
-            "install": None if args.torch_dir or args.skip_deps else torch_requirement(args),
-            "index": None if args.torch_dir or args.skip_deps else torch_index(args),
+            "found": torch_version_of(py),
+            "install": None if args.skip_deps else torch_requirement(args),
+            "index": None if args.skip_deps else torch_index(args),
         },
         "onnxruntime": {"flavour": ort_flavour(args), "requirement": ort_requirement(args)},
-        "bridge": {
-            "enabled": args.enable_lazy_tensor,
-            "config": args.config,
-            "parallel": args.parallel,
-            "compiler_flags": compiler_flags(args, torch and torch["version"])
-            if args.enable_lazy_tensor
-            else [],
-            "nvtx_profile": args.enable_nvtx_profile,
-        },
+        "switch": switch.describe() if switch else None,
+        "bridge": {"enabled": args.enable_lazy_tensor, "config": args.config, "env": build_env(args)},
         "cuda": None
         if not args.use_cuda
         else {
@@ -613,24 +731,41 @@ def describe(args: argparse.Namespace) -> dict[str, Any]:
         "tests": None
         if not args.test or args.skip_tests
         else {"shards": args.shards, "shard": args.shard, "workers": args.workers},
-        "steps": [s.describe() for s in plan(args)],
+        "steps": [s.describe() for s in plan(args, py)],
     }
 
 
-# --------------------------------------------------------------------------- actions
+# --------------------------------------------------------------------------- checks and actions
 
 
-def check_training(args: argparse.Namespace) -> None:
-    """onnxruntime-training stopped at 1.19.2, which has no wheels past Python 3.12."""
-    if args.enable_training and not args.skip_deps and sys.version_info >= (3, 13):
+def checks(args: argparse.Namespace) -> list[str]:
+    """What is checked before anything is changed (the --dry_run view of preflight())."""
+    out = ["python version"]
+    if args.enable_training:
+        out.append("onnxruntime-training wheels for this python")
+    if args.use_cuda:
+        out += ["nvcc found, its CUDA version matches --cuda_version"]
+        if (args.test and not args.skip_tests) or args.demo:
+            out.append("GPU visible")
+        out.append("new packages fetched before a switch removes anything")
+    return out
+
+
+def preflight(args: argparse.Namespace, version: tuple[int, int] | None = None) -> None:
+    """Stop, before changing anything, when this run cannot work here (``version``: the Python
+    the environment gets, default this one)."""
+    version = version or (sys.version_info.major, sys.version_info.minor)
+    lo, hi = supported_pythons()
+    if not lo <= version < hi:
+        sys.exit(
+            f"build.py: ort-lazy supports Python {lo[0]}.{lo[1]} to {hi[0]}.{hi[1] - 1} (torch's wheels); "
+            f"this is {version[0]}.{version[1]}"
+        )
+    if args.enable_training and not args.skip_deps and version >= (3, 13):
         sys.exit(
             f"build.py: --enable_training installs {ORT_FLAVOURS['training']}, which has no wheels for "
-            f"Python {sys.version_info.major}.{sys.version_info.minor}; use Python 3.10-3.12"
+            f"Python {version[0]}.{version[1]}; use Python 3.10-3.12"
         )
-
-
-def check_cuda(args: argparse.Namespace) -> None:
-    """Stop before building when --use_cuda cannot work here."""
     if not args.use_cuda:
         return
     nvcc = find_nvcc(args)
@@ -649,15 +784,15 @@ def check_cuda(args: argparse.Namespace) -> None:
         )
 
 
-def check_cuda_torch(args: argparse.Namespace) -> None:
-    """--use_cuda builds against a CUDA torch: stop before building the bridge if it is not one."""
-    torch = find_torch(args)
+def check_cuda_torch(args: argparse.Namespace, py: str) -> None:
+    """--use_cuda pairs onnxruntime-gpu with a CUDA torch: stop before building if it is not one."""
+    torch = torch_version_of(py)
     if torch is None:
         sys.exit("build.py: --use_cuda: no torch found to build against")
     if not torch["cuda"]:
         sys.exit(
             f"build.py: --use_cuda needs a CUDA build of torch, but torch {torch['version']} at {torch['path']} "
-            f"is a CPU build (install {torch_requirement(args)} from {torch_index(args)}, or pass --torch_dir)"
+            f"is a CPU build (install {torch_requirement(args)} from {torch_index(args)})"
         )
     want = cuda_version(args)
     if want and torch["cuda"].split(".")[0] != want.split(".")[0]:
@@ -666,74 +801,41 @@ def check_cuda_torch(args: argparse.Namespace) -> None:
         )
 
 
-def read_record() -> dict[str, Any]:
-    if not BRIDGE_RECORD.is_file():
-        sys.exit(f"build.py: the bridge build wrote no {BRIDGE_RECORD.relative_to(ROOT)}")
-    return json.loads(BRIDGE_RECORD.read_text())
-
-
-def recorded_torch(record: dict[str, Any]) -> str | None:
-    value = record.get("torch_version", record.get("torch"))
-    if isinstance(value, dict):
-        value = value.get("version")
-    return value if isinstance(value, str) else None
-
-
-def record_bridge_build(args: argparse.Namespace) -> None:
-    """Check the bridge's record names the torch it was built against; add this build's options."""
-    record = read_record()
-    built_for = recorded_torch(record)
-    if built_for is None:
-        sys.exit(f"build.py: {BRIDGE_RECORD.name} records no torch version: {record}")
-    torch = find_torch(args)
-    if torch and torch["version"] != built_for:
-        sys.exit(
-            f"build.py: the bridge was built for torch {built_for} but the build's torch is {torch['version']}"
-        )
-    record["build_options"] = {
-        "config": args.config,
-        "use_cuda": args.use_cuda,
-        "cuda_version": cuda_version(args),
-        "nvtx_profile": args.enable_nvtx_profile,
-        "onnxruntime": ort_requirement(args),
-        "compiler_flags": compiler_flags(args, built_for),
-    }
-    BRIDGE_RECORD.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-    print(
-        f"build.py: bridge built for torch {built_for}; options recorded in {BRIDGE_RECORD.name}", flush=True
-    )
-
-
-def clean_wheel_build() -> None:
-    """Old files under build/ or an old wheel of this version would end up in (or shadow) the new wheel."""
-    shutil.rmtree(ROOT / "build", ignore_errors=True)
+def clear_wheels() -> None:
+    """An old wheel of this version in dist/ would be taken for the new one."""
     for old in DIST.glob(f"ort_lazy-{package_version()}-*.whl"):
         old.unlink()
 
 
+def remove_inplace_bridge() -> None:
+    """An editable install without the bridge must not load one an earlier build left in src/."""
+    for old in PACKAGE_DIR.glob("_bridge*"):
+        if old.suffix in EXTENSION_SUFFIXES or old.name == "_bridge_build.json":
+            old.unlink()
+
+
 def check_wheel(path: Path, with_bridge: bool) -> None:
-    """The wheel exists, and with the bridge holds it plus the torch version it was built against."""
+    """The wheel exists, is tagged as what it holds, and with the bridge holds its build record."""
     if not path.is_file():
-        sys.exit(f"build.py: expected wheel {path} was not built")
+        built = sorted(p.name for p in DIST.glob("ort_lazy-*.whl"))
+        sys.exit(f"build.py: expected wheel {path.name} was not built (dist/ holds {built})")
     with zipfile.ZipFile(path) as zf:
         names = zf.namelist()
-        extensions = [n for n in names if n.startswith("ort_lazy/") and n.endswith(EXTENSION_SUFFIXES)]
-        has_record = "ort_lazy/_bridge_build.json" in names
+        extensions = [n for n in names if n.startswith("ort_lazy/_bridge") and n.endswith(EXTENSION_SUFFIXES)]
         if with_bridge and not extensions:
             sys.exit(f"build.py: {path.name} holds no compiled bridge")
-        if extensions and not with_bridge:
-            sys.exit(
-                f"build.py: {path.name} would hold a bridge from an earlier build ({', '.join(extensions)}) "
-                "under a pure-Python tag: add --enable_lazy_tensor, or delete it from src/ort_lazy/"
-            )
-        if (with_bridge or extensions) and not has_record:
-            sys.exit(f"build.py: {path.name} holds the bridge but not ort_lazy/_bridge_build.json")
-        if has_record:
-            in_wheel = recorded_torch(json.loads(zf.read("ort_lazy/_bridge_build.json")))
-            if in_wheel is None:
+        if extensions and path.name.endswith("-py3-none-any.whl"):
+            sys.exit(f"build.py: {path.name} holds {', '.join(extensions)} under a pure-Python tag")
+        if not with_bridge and extensions:
+            sys.exit(f"build.py: {path.name} holds a bridge ({', '.join(extensions)}) it was not asked to")
+        if extensions:
+            if "ort_lazy/_bridge_build.json" not in names:
+                sys.exit(f"build.py: {path.name} holds the bridge but not ort_lazy/_bridge_build.json")
+            record = json.loads(zf.read("ort_lazy/_bridge_build.json"))
+            if not record.get("torch_version"):
                 sys.exit(f"build.py: {path.name}'s _bridge_build.json records no torch version")
             print(
-                f"build.py: {path.name} holds {', '.join(extensions)}, built for torch {in_wheel}", flush=True
+                f"build.py: {path.name} holds {', '.join(extensions)}, built for torch {record['torch_version']}"
             )
 
 
@@ -741,15 +843,11 @@ def run(step: Step) -> None:
     if step.action is not None:
         step.action()
         return
-    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in step.env.items())
-    print("+ " + (prefix + " " if prefix else "") + shlex.join(step.cmd), flush=True)
-    result = subprocess.run(step.cmd, cwd=ROOT, env={**os.environ, **step.env})
-    if result.returncode != 0:
-        if step.cmd[1:3] == ["-m", "pytest"] and result.returncode == 5:
+    code = run_command(step.cmd, step.env)
+    if code != 0:
+        if step.cmd[1:3] == ["-m", "pytest"] and code == 5:
             sys.exit("build.py: pytest collected no tests")
-        if step.cmd[1:4] == ["-m", "pip", "uninstall"]:
-            return  # nothing of the other flavours installed
-        sys.exit(f"build.py: step '{step.title}' failed (exit {result.returncode})")
+        sys.exit(f"build.py: step '{step.title}' failed (exit {code})")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -757,8 +855,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.dry_run:
         print(json.dumps(describe(args), indent=2))
         return
-    check_cuda(args)
-    check_training(args)
+    preflight(args)
     if uses_venv(args):
         venv = Path(args.venv)
         if not venv_python(venv).exists():

@@ -1,95 +1,244 @@
-"""The bridge build script, its build record, and the errors when the bridge is unusable."""
+"""What the build produces: the wheel (tags, contents, build record), the bridge in it (imports,
+registers its operator, carries the torch version it was compiled against), the pure-Python
+build, and the errors when the bridge is unusable.
+
+The bridge wheel is built once per test session (``build.py --build_wheel``, shared by the
+xdist workers) unless ``build.py --build_wheel --test`` hands its own wheel over in
+``ORT_LAZY_TEST_WHEEL``. ``ORT_LAZY_BUILD_BRIDGE=0`` (set by ``build.py`` without
+``--enable_lazy_tensor``) skips the bridge checks.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from filelock import FileLock
 
 from ort_lazy.frontends import jit as jit_frontend
 from ort_lazy.runtime import bridge as bridge_runtime
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "cpp" / "build_bridge.py"
-BUILT = jit_frontend.bridge_info() is not None
-needs_bridge = pytest.mark.skipif(not BUILT, reason="bridge not built (python build.py --enable_lazy_tensor)")
+BRIDGE_WANTED = os.environ.get("ORT_LAZY_BUILD_BRIDGE", "1") != "0"
+INSTALLED = jit_frontend.bridge_info()
+needs_bridge = pytest.mark.skipif(
+    not BRIDGE_WANTED, reason="ORT_LAZY_BUILD_BRIDGE=0: built without the bridge"
+)
 
 
-def _load_build_module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("build_bridge", SCRIPT)
+def _load(name: str, path: Path) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
+    sys.modules[name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
 
-def test_cli_flags_match_build_py():
-    out = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, check=True).stdout
-    for flag in ("--config", "--parallel", "--torch_dir", "--use_cuda", "--out_dir"):
-        assert flag in out
-    for config in ("Debug", "Release", "RelWithDebInfo"):
-        assert config in out
+build = _load("ort_lazy_build_driver_b", ROOT / "build.py")
+setup_py = _load("ort_lazy_setup_py", ROOT / "setup.py")  # its functions; setup() runs as __main__ only
 
 
-def test_build_function_rejects_bad_arguments(tmp_path):
-    bb = _load_build_module()
-    with pytest.raises(ValueError, match="config must be one of"):
-        bb.build(config="Fast", out_dir=tmp_path)
-    with pytest.raises(FileNotFoundError, match="no torch package"):
-        bb.build(torch_dir=tmp_path, out_dir=tmp_path)
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--torch_dir", str(tmp_path), "--out_dir", str(tmp_path)],
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode == 1 and "no torch package" in result.stderr
+def build_config() -> str:
+    """The configuration this session's bridge is built with: build.py's, else the installed one's."""
+    return os.environ.get("ORT_LAZY_BUILD_CONFIG") or (INSTALLED or {}).get("config") or "Release"
 
 
-def test_resolve_torch_dir_accepts_site_packages_or_package():
-    bb = _load_build_module()
-    site = Path(torch.__file__).resolve().parent.parent
-    assert bb.resolve_torch_dir(site) == site
-    assert bb.resolve_torch_dir(site / "torch") == site
+@pytest.fixture(scope="session")
+def bridge_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A wheel with the bridge, built by build.py once per session (shared by xdist workers)."""
+    if not BRIDGE_WANTED:
+        pytest.skip("ORT_LAZY_BUILD_BRIDGE=0")
+    given = os.environ.get(build.TEST_WHEEL_ENV)
+    if given:
+        return Path(given)
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    shared = tmp_path_factory.getbasetemp().parent if run_id else tmp_path_factory.getbasetemp()
+    with FileLock(str(shared / "ort-lazy-wheel.lock")):
+        done = shared / f"ort-lazy-wheel-{run_id or 'solo'}.json"
+        if done.is_file():
+            return Path(json.loads(done.read_text()))
+        out = subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "build.py"),
+                "--no_venv",
+                "--skip_deps",
+                "--enable_lazy_tensor",
+                "--build_wheel",
+                "--config",
+                build_config(),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
+        assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+        wheel = build.wheel_path(build.parse_args(["--enable_lazy_tensor", "--build_wheel"]))
+        keep = shared / wheel.name  # dist/ may be rebuilt by a later session
+        shutil.copyfile(wheel, keep)
+        done.write_text(json.dumps(str(keep)))
+        return keep
 
 
-@pytest.mark.bridge
+@pytest.fixture(scope="session")
+def unpacked(bridge_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    target = tmp_path_factory.mktemp("wheel")
+    with zipfile.ZipFile(bridge_wheel) as zf:
+        zf.extractall(target)
+    return target
+
+
+def wheel_record(unpacked: Path) -> dict[str, Any]:
+    return json.loads((unpacked / "ort_lazy" / "_bridge_build.json").read_text())
+
+
+# --------------------------------------------------------------------------- the bridge wheel
+
+
 @needs_bridge
-def test_build_record_matches_running_torch():
-    info = jit_frontend.bridge_info()
-    assert info["torch_version"] == torch.__version__
-    assert info["config"] in ("Debug", "Release", "RelWithDebInfo")
-    assert info["cuda"] is False or torch.version.cuda
+def test_wheel_is_tagged_for_this_python_and_platform(bridge_wheel: Path, unpacked: Path) -> None:
+    py, abi, platform = build.wheel_tags()
+    assert bridge_wheel.name == f"ort_lazy-{build.package_version()}-{py}-{abi}-{platform}.whl"
+    wheel_meta = next(unpacked.glob("ort_lazy-*.dist-info")) / "WHEEL"
+    text = wheel_meta.read_text()
+    assert f"Tag: {py}-{abi}-{platform}" in text and "Root-Is-Purelib: false" in text
+    libs = sorted(p.name for p in (unpacked / "ort_lazy").glob("_bridge*"))
+    assert libs == sorted([wheel_record(unpacked)["library"], "_bridge_build.json"])
+    assert (unpacked / "ort_lazy" / "runtime" / "bridge.py").is_file()
+
+
+@needs_bridge
+def test_wheel_records_the_torch_and_flags_it_was_built_with(unpacked: Path) -> None:
+    record = wheel_record(unpacked)
+    assert record["torch_version"] == torch.__version__
+    assert record["torch_cuda"] == torch.version.cuda
+    assert record["config"] == build_config()
+    assert record["compiler_flags"] == setup_py.compiler_flags(build_config(), torch.__version__)
+    if os.environ.get(build.TEST_WHEEL_ENV) is None:
+        # the flags recorded are the flags ninja compiled with (the build ran in this tree)
+        ninja = next((ROOT / "build").glob("temp.*/build.ninja"), None)
+        if ninja is not None:
+            text = ninja.read_text()
+            assert all(flag in text for flag in record["compiler_flags"]), record["compiler_flags"]
+
+
+@needs_bridge
+def test_wheel_bridge_imports_registers_its_operator_and_knows_its_torch(unpacked: Path) -> None:
+    code = (
+        "import json, torch\n"
+        "def registered():\n"
+        "    return torch._C._jit_get_operation('ort::CompilationGroup')[0] is not None\n"
+        "before = registered()\n"
+        "import ort_lazy\n"
+        "from ort_lazy.runtime.bridge import load_bridge\n"
+        "b = load_bridge()\n"
+        "print(json.dumps({'file': ort_lazy.__file__, 'lib': b.__file__, 'before': before,\n"
+        "                  'op': registered(), 'symbol': b.group_symbol(), 'torch': b.torch_version}))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(unpacked)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=unpacked)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert Path(got["file"]).is_relative_to(unpacked) and Path(got["lib"]).is_relative_to(unpacked)
+    assert got["before"] is False and got["op"] is True, "the operator is registered by the bridge"
+    assert got["symbol"] == "ort::CompilationGroup"
+    assert got["torch"] == torch.__version__, "ORT_LAZY_TORCH_VERSION compiled in"
+
+
+@needs_bridge
+def test_installed_bridge_matches_the_running_torch() -> None:
+    if INSTALLED is None:
+        pytest.skip("no bridge in the installed ort_lazy (installed without --enable_lazy_tensor)")
+    assert INSTALLED["torch_version"] == torch.__version__
+    assert INSTALLED["compiler_flags"] == setup_py.compiler_flags(INSTALLED["config"], torch.__version__)
+    if "ORT_LAZY_BUILD_CONFIG" in os.environ:  # build.py says which config it built
+        assert INSTALLED["config"] == os.environ["ORT_LAZY_BUILD_CONFIG"]
     bridge = jit_frontend.load_bridge()
     assert bridge.torch_version == torch.__version__
     assert bridge.group_symbol() == "ort::CompilationGroup"
 
 
-@pytest.mark.bridge
-@needs_bridge
-def test_build_with_torch_dir_into_out_dir(tmp_path):
-    """--torch_dir builds in a subprocess against that torch (here: the installed one, cached)."""
-    site = Path(torch.__file__).resolve().parent.parent
-    config = jit_frontend.bridge_info()["config"]
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--config", config, "--parallel", "2", "--torch_dir", str(site),
-         "--out_dir", str(tmp_path)],
+# --------------------------------------------------------------------------- the pure build
+
+
+def _copy_tree(target: Path) -> Path:
+    """The files a source distribution holds (no build outputs), to build in isolation."""
+    for name in ("setup.py", "pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy2(ROOT / name, target / name)
+    shutil.copytree(ROOT / "cpp", target / "cpp")
+    shutil.copytree(
+        ROOT / "src",
+        target / "src",
+        ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "_bridge.*", "_bridge_build.json"),
+    )
+    return target
+
+
+#: runs setup.py's build in a process where `import torch` fails
+_NO_TORCH = (
+    "import runpy, sys; sys.modules['torch'] = None; sys.argv = ['setup.py', *sys.argv[1:]]; "
+    "runpy.run_path('setup.py', run_name='__main__')"
+)
+
+
+def test_pure_wheel_builds_without_torch_and_is_py3_none_any(tmp_path: Path) -> None:
+    (tmp_path / "tree").mkdir()
+    src = _copy_tree(tmp_path / "tree")
+    env = {**os.environ, "ORT_LAZY_BUILD_BRIDGE": "0"}
+    out = subprocess.run(
+        [sys.executable, "-c", _NO_TORCH, "-q", "bdist_wheel", "-d", str(tmp_path / "dist")],
+        cwd=src,
+        env=env,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=600,
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    info = json.loads((tmp_path / "_bridge_build.json").read_text())
-    assert info["torch_version"] == torch.__version__
-    assert info["torch_path"] == str(site / "torch")
-    assert info["config"] == config
-    libs = [p for p in tmp_path.iterdir() if p.name.startswith("_bridge.") and p.suffix == ".so"]
-    assert len(libs) == 1 and libs[0].name == info["library"]
+    assert out.returncode == 0, out.stderr[-3000:]
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    assert wheel.name == f"ort_lazy-{build.package_version()}-py3-none-any.whl"
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "ort_lazy/runtime/bridge.py" in names
+    assert not [n for n in names if "_bridge." in n or n.endswith("_bridge_build.json")]
+    meta = zipfile.ZipFile(wheel).read(f"ort_lazy-{build.package_version()}.dist-info/METADATA").decode()
+    assert "Requires-Python: <3.15,>=3.10" in meta or "Requires-Python: >=3.10,<3.15" in meta
+
+
+def test_bridge_build_without_torch_says_how_to_go_pure(tmp_path: Path) -> None:
+    env = {**os.environ, "ORT_LAZY_BUILD_BRIDGE": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", _NO_TORCH, "--name"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert out.returncode != 0
+    assert "ORT_LAZY_BUILD_BRIDGE=0" in out.stderr and "--no-build-isolation" in out.stderr
+    bad = subprocess.run(
+        [sys.executable, "setup.py", "--name"],
+        cwd=ROOT,
+        env={**os.environ, "ORT_LAZY_BUILD_BRIDGE": "maybe"},
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode != 0 and "must be 1 or 0" in bad.stderr
+
+
+def test_setup_py_flags_per_config() -> None:
+    for config, flags in setup_py.CONFIGS.items():
+        got = setup_py.compiler_flags(config, "2.13.0+cpu")
+        if sys.platform != "win32":
+            assert got == ["-std=c++17", *flags, "-DORT_LAZY_TORCH_VERSION=2.13.0+cpu"]
+    assert set(setup_py.CONFIGS) == set(build.CONFIGS) == set(setup_py.MSVC_CONFIGS)
+
+
+# --------------------------------------------------------------------------- clear errors
 
 
 def test_mismatched_torch_is_a_clear_import_error(tmp_path, monkeypatch):

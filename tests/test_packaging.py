@@ -1,20 +1,17 @@
-"""Packaging checks: build.py's flags and plans, the conda recipe's variants, environment.yml, CI.
+"""Packaging checks: pyproject.toml, the conda recipe's variants, environment.yml and the CI matrix.
 
-The recipe is rendered offline with py-rattler-build (no channel needed); build.py is run with
-``--dry_run`` (nothing is installed or built) or its functions are called directly.
+The recipe is rendered and linted offline with py-rattler-build (no channel needed). build.py's
+decisions are tested in test_build_driver.py, what the build produces in test_bridge_build.py.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import itertools
-import json
 import os
 import re
 import shlex
-import subprocess
 import sys
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -79,387 +76,6 @@ def project_requirements(*extras: str) -> dict[str, set[str]]:
     return dict(pip_requirement(r) for r in reqs)
 
 
-# --------------------------------------------------------------------------- build.py
-
-
-def dry_run(*flags: str) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "build.py"), "--dry_run", *flags],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
-
-
-def step(plan: dict[str, Any], title: str) -> dict[str, Any]:
-    found = [s for s in plan["steps"] if s["title"] == title]
-    assert found, f"no step {title!r} in {[s['title'] for s in plan['steps']]}"
-    return found[0]
-
-
-def titles(plan: dict[str, Any]) -> list[str]:
-    return [s["title"] for s in plan["steps"]]
-
-
-def argv_of(s: dict[str, Any]) -> list[str]:
-    return shlex.split(s["cmd"])
-
-
-ISSUE_FLAGS = [
-    "--enable_lazy_tensor",
-    "--use_cuda",
-    "--cuda_home",
-    "--cuda_version",
-    "--torch_dir",
-    "--config",
-    "--parallel",
-    "--build_wheel",
-    "--install",
-    "--test",
-    "--shards",
-    "--shard",
-    "--skip_tests",
-    "--enable_nvtx_profile",
-    "--enable_training",
-    "--dry_run",
-    "--demo",
-    "--no_venv",
-    "--skip_deps",
-]
-
-
-def test_help_documents_every_flag() -> None:
-    out = subprocess.run([sys.executable, str(ROOT / "build.py"), "--help"], capture_output=True, text=True)
-    assert out.returncode == 0
-    for flag in ISSUE_FLAGS:
-        assert re.search(rf"^\s+{flag}\b", out.stdout, re.M), f"{flag} missing from --help"
-    for action in build.build_parser()._actions:
-        if action.option_strings and action.dest != "help":
-            assert action.help and len(action.help) > 10, f"{action.option_strings} has no help"
-
-
-def test_plan_default_lazy_tensor_test() -> None:
-    plan = dry_run("--no_venv", "--enable_lazy_tensor", "--test")
-    assert plan["python"] == sys.executable
-    assert plan["onnxruntime"] == {"flavour": "onnxruntime", "requirement": "onnxruntime"}
-    assert plan["torch"]["install"] == build.TORCH_PIN and plan["torch"]["index"] is None
-    found = plan["torch"]["found"]
-    import torch
-
-    assert found["version"] == torch.__version__ and found["source"] == sys.executable
-    assert titles(plan) == [
-        "remove the other ORT flavours (same module name)",
-        "install torch",
-        "install dependencies",
-        "install test models (without torchvision)",
-        "build the bridge",
-        "record the build options in _bridge_build.json",
-        "install ort-lazy (editable)",
-        "run the tests",
-    ]
-    assert argv_of(step(plan, "install test models (without torchvision)"))[-2:] == ["--no-deps", *build.TEST_DEPS_NO_DEPS]
-    assert argv_of(step(plan, "remove the other ORT flavours (same module name)"))[-2:] == [
-        "onnxruntime-gpu",
-        "onnxruntime-training",
-    ]
-    deps = argv_of(step(plan, "install dependencies"))
-    for dep in ["onnxruntime", *build.BASE_DEPS, *build.TEST_DEPS]:
-        assert dep in deps
-    bridge = argv_of(step(plan, "build the bridge"))
-    assert Path(bridge[1]) == ROOT / "cpp" / "build_bridge.py"
-    assert bridge[2:] == ["--config", "Release", "--parallel", str(plan["bridge"]["parallel"])]
-    assert "-O3" in plan["bridge"]["compiler_flags"]
-    assert f'-DORT_LAZY_TORCH_VERSION="{torch.__version__}"' in plan["bridge"]["compiler_flags"]
-    tests = argv_of(step(plan, "run the tests"))
-    assert tests[1:6] == ["-m", "pytest", "-q", "-n", "2"] and "--shards" not in tests
-    assert plan["cuda"] is None and plan["wheel"] is None
-
-
-def test_plan_uses_the_venv_unless_told_otherwise(tmp_path: Path) -> None:
-    base = Path(sys.base_prefix) / ("python.exe" if os.name == "nt" else "bin/python3")
-    if not base.is_file():
-        pytest.skip(f"no base interpreter at {base} to run build.py outside a virtual environment")
-    out = subprocess.run(
-        [str(base), str(ROOT / "build.py"), "--dry_run", "--venv", str(tmp_path / "v"), "--test"],
-        capture_output=True,
-        text=True,
-        env={k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONHOME", "PYTHONPATH")},
-    )
-    assert out.returncode == 0, out.stderr
-    plan = json.loads(out.stdout)
-    assert titles(plan)[:2] == ["create the virtual environment", "upgrade pip"]
-    assert plan["python"] == str(build.venv_python(tmp_path / "v")) == argv_of(step(plan, "run the tests"))[0]
-    assert plan["venv"] == str(tmp_path / "v")
-
-
-def test_plan_use_cuda() -> None:
-    plan = dry_run(
-        "--no_venv", "--use_cuda", "--cuda_version", "12.6", "--enable_lazy_tensor", "--build_wheel"
-    )
-    assert plan["onnxruntime"]["requirement"] == "onnxruntime-gpu"
-    assert plan["torch"]["install"] == build.TORCH_PIN + "+cu126"
-    assert plan["torch"]["index"] == "https://download.pytorch.org/whl/cu126"
-    assert plan["cuda"]["version"] == "12.6"
-    torch_cmd = argv_of(step(plan, "install torch"))
-    assert torch_cmd[-3:] == [
-        build.TORCH_PIN + "+cu126",
-        "--index-url",
-        "https://download.pytorch.org/whl/cu126",
-    ]
-    assert argv_of(step(plan, "remove the other ORT flavours (same module name)"))[-2:] == [
-        "onnxruntime",
-        "onnxruntime-training",
-    ]
-    order = titles(plan)
-    assert order.index("check torch is a CUDA build") < order.index("build the bridge")
-    assert argv_of(step(plan, "build the bridge"))[-1] == "--use_cuda"
-    assert "-DORT_LAZY_USE_CUDA=1" in plan["bridge"]["compiler_flags"]
-    assert "onnxruntime-gpu" in argv_of(step(plan, "install dependencies"))
-
-
-def test_plan_enable_training() -> None:
-    plan = dry_run(
-        "--no_venv", "--enable_training", "--enable_lazy_tensor", "--test", "--shards", "2", "--shard", "1"
-    )
-    assert plan["onnxruntime"] == {
-        "flavour": "onnxruntime-training",
-        "requirement": "onnxruntime-training==1.19.2",
-    }
-    assert argv_of(step(plan, "remove the other ORT flavours (same module name)"))[-2:] == [
-        "onnxruntime",
-        "onnxruntime-gpu",
-    ]
-    deps = argv_of(step(plan, "install dependencies"))
-    assert "onnxruntime-training==1.19.2" in deps and "onnxruntime" not in deps
-    assert argv_of(step(plan, "run the tests"))[-4:] == ["--shards", "2", "--shard", "1"]
-
-
-def test_plan_torch_dir() -> None:
-    import torch
-
-    torch_dir = Path(torch.__file__).parent
-    for given in (torch_dir, torch_dir.parent):  # the package or the site-packages holding it
-        plan = dry_run("--no_venv", "--torch_dir", str(given), "--enable_lazy_tensor", "--test")
-        assert plan["torch"]["found"]["version"] == torch.__version__
-        assert plan["torch"]["found"]["source"] == "--torch_dir"
-        assert plan["torch"]["install"] is None
-        assert "install torch" not in titles(plan)
-        bridge = argv_of(step(plan, "build the bridge"))
-        assert bridge[bridge.index("--torch_dir") + 1] == str(torch_dir)
-        assert step(plan, "run the tests")["env"]["PYTHONPATH"].startswith(str(torch_dir.parent))
-
-
-def test_plan_build_wheel() -> None:
-    plan = dry_run("--no_venv", "--skip_deps", "--enable_lazy_tensor", "--build_wheel")
-    py, abi, platform = build.wheel_tags()
-    wheel = ROOT / "dist" / f"ort_lazy-{package_version()}-{py}-{abi}-{platform}.whl"
-    assert plan["wheel"] == str(wheel)
-    assert titles(plan) == [
-        "build the bridge",
-        "record the build options in _bridge_build.json",
-        "clear stale build files",
-        "build the wheel",
-        "tag the wheel for this platform (it holds a compiled extension)",
-        "check the wheel's contents",
-    ]
-    assert argv_of(step(plan, "check the wheel's contents"))[-1] == str(wheel)
-    tags = argv_of(step(plan, "tag the wheel for this platform (it holds a compiled extension)"))
-    assert tags[-1].endswith("-py3-none-any.whl") and platform in tags
-
-    installed = dry_run("--no_venv", "--skip_deps", "--enable_lazy_tensor", "--build_wheel", "--install")
-    assert argv_of(step(installed, "install the wheel"))[-1] == str(wheel)
-    assert "install ort-lazy (editable)" not in titles(installed)
-
-    pure = dry_run("--no_venv", "--skip_deps", "--build_wheel")
-    assert pure["wheel"].endswith(f"ort_lazy-{package_version()}-py3-none-any.whl")
-    assert "build the bridge" not in titles(pure)
-
-
-def test_plan_shards_skip_tests_config_parallel_nvtx() -> None:
-    plan = dry_run("--no_venv", "--skip_deps", "--test", "--shards", "4", "--shard", "3", "--workers", "3")
-    assert argv_of(step(plan, "run the tests"))[4:] == [
-        "-n",
-        "3",
-        str(ROOT / "tests"),
-        "--shards",
-        "4",
-        "--shard",
-        "3",
-    ]
-    assert plan["tests"] == {"shards": 4, "shard": 3, "workers": "3"}
-
-    skipped = dry_run("--no_venv", "--skip_deps", "--test", "--skip_tests", "--enable_lazy_tensor")
-    assert "run the tests" not in titles(skipped) and "install ort-lazy (editable)" in titles(skipped)
-
-    dbg = dry_run("--no_venv", "--skip_deps", "--enable_lazy_tensor", "--config", "Debug", "--parallel", "3")
-    bridge = step(dbg, "build the bridge")
-    assert (
-        argv_of(bridge)[2:6] == ["--config", "Debug", "--parallel", "3"] and bridge["env"]["MAX_JOBS"] == "3"
-    )
-    assert {"-O0", "-g"} <= set(dbg["bridge"]["compiler_flags"]) and "-O3" not in dbg["bridge"][
-        "compiler_flags"
-    ]
-
-    nvtx = dry_run("--no_venv", "--skip_deps", "--enable_lazy_tensor", "--enable_nvtx_profile")
-    assert step(nvtx, "build the bridge")["env"][build.NVTX_ENV] == "1"
-    assert (
-        nvtx["bridge"]["nvtx_profile"] is True and f"-D{build.NVTX_ENV}=1" in nvtx["bridge"]["compiler_flags"]
-    )
-
-    demo = dry_run("--no_venv", "--skip_deps", "--demo")
-    assert argv_of(step(demo, "run the demo"))[1:] == ["-m", "ort_lazy.cli", "demo"]
-
-
-@pytest.mark.parametrize(
-    "flags",
-    [
-        ["--test", "--shards", "2", "--shard", "2"],
-        ["--shards", "2", "--shard", "1"],
-        ["--test", "--shards", "0"],
-        ["--use_cuda", "--enable_training"],
-        ["--cuda_version", "12.6"],
-        ["--use_cuda", "--cuda_version", "twelve"],
-        ["--torch_dir", "/nonexistent/torch"],
-        ["--parallel", "0"],
-        ["--config", "Fast"],
-    ],
-)
-def test_bad_flag_combinations_are_refused(flags: list[str]) -> None:
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "build.py"), "--dry_run", *flags], capture_output=True, text=True
-    )
-    assert out.returncode == 2 and "error:" in out.stderr
-
-
-def test_use_cuda_without_toolkit_stops_before_building(tmp_path: Path) -> None:
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "build.py"),
-            "--no_venv",
-            "--skip_deps",
-            "--enable_lazy_tensor",
-            "--use_cuda",
-            "--cuda_home",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert out.returncode != 0
-    assert "needs the CUDA toolkit" in out.stderr and "build_bridge" not in out.stdout
-
-
-@pytest.mark.skipif(os.name == "nt", reason="the stand-in nvcc is a POSIX shell script")
-def test_use_cuda_tests_without_gpu_stop_before_building(tmp_path: Path) -> None:
-    if build.gpu_visible():
-        pytest.skip("a GPU is visible here")
-    nvcc = tmp_path / "bin" / "nvcc"
-    nvcc.parent.mkdir()
-    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 12.6, V12.6.77'\n")
-    nvcc.chmod(0o755)
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "build.py"),
-            "--no_venv",
-            "--skip_deps",
-            "--enable_lazy_tensor",
-            "--use_cuda",
-            "--cuda_home",
-            str(tmp_path),
-            "--test",
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert out.returncode != 0 and "needs an NVIDIA GPU" in out.stderr and "+ " not in out.stdout
-    mismatch = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "build.py"),
-            "--no_venv",
-            "--skip_deps",
-            "--use_cuda",
-            "--cuda_home",
-            str(tmp_path),
-            "--cuda_version",
-            "11.8",
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert mismatch.returncode != 0 and "is CUDA 12.6" in mismatch.stderr
-
-
-def test_check_cuda_torch_refuses_a_cpu_torch(monkeypatch: pytest.MonkeyPatch) -> None:
-    args = build.parse_args(["--no_venv", "--use_cuda", "--cuda_version", "12.6"])
-    monkeypatch.setattr(build, "find_torch", lambda a: {"version": "2.13.0+cpu", "cuda": None, "path": "/x"})
-    with pytest.raises(SystemExit, match="CPU build"):
-        build.check_cuda_torch(args)
-    monkeypatch.setattr(
-        build, "find_torch", lambda a: {"version": "2.13.0+cu118", "cuda": "11.8", "path": "/x"}
-    )
-    with pytest.raises(SystemExit, match="CUDA 11.8"):
-        build.check_cuda_torch(args)
-    monkeypatch.setattr(
-        build, "find_torch", lambda a: {"version": "2.13.0+cu126", "cuda": "12.6", "path": "/x"}
-    )
-    build.check_cuda_torch(args)
-
-
-def _wheel(path: Path, files: dict[str, str]) -> Path:
-    with zipfile.ZipFile(path, "w") as zf:
-        for name, text in files.items():
-            zf.writestr(name, text)
-    return path
-
-
-def test_check_wheel(tmp_path: Path) -> None:
-    record = json.dumps({"torch_version": "2.13.0+cpu"})
-    so = "ort_lazy/_bridge.cpython-311-x86_64-linux-gnu.so"
-    good = _wheel(
-        tmp_path / "good.whl", {"ort_lazy/__init__.py": "", so: "", "ort_lazy/_bridge_build.json": record}
-    )
-    build.check_wheel(good, with_bridge=True)
-    with pytest.raises(SystemExit, match="not ort_lazy/_bridge_build.json"):
-        build.check_wheel(_wheel(tmp_path / "a.whl", {so: ""}), with_bridge=True)
-    with pytest.raises(SystemExit, match="no compiled bridge"):
-        build.check_wheel(_wheel(tmp_path / "b.whl", {"ort_lazy/__init__.py": ""}), with_bridge=True)
-    with pytest.raises(SystemExit, match="records no torch version"):
-        build.check_wheel(
-            _wheel(tmp_path / "c.whl", {so: "", "ort_lazy/_bridge_build.json": "{}"}), with_bridge=True
-        )
-    with pytest.raises(SystemExit, match="earlier build"):
-        build.check_wheel(good, with_bridge=False)
-    with pytest.raises(SystemExit, match="was not built"):
-        build.check_wheel(tmp_path / "missing.whl", with_bridge=False)
-
-
-def test_record_bridge_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    record = tmp_path / "_bridge_build.json"
-    monkeypatch.setattr(build, "BRIDGE_RECORD", record)
-    monkeypatch.setattr(build, "ROOT", tmp_path)
-    monkeypatch.setattr(build, "find_torch", lambda a: {"version": "2.13.0+cpu", "cuda": None, "path": "/x"})
-    args = build.parse_args(
-        ["--no_venv", "--enable_lazy_tensor", "--enable_nvtx_profile", "--config", "RelWithDebInfo"]
-    )
-    with pytest.raises(SystemExit, match="wrote no"):
-        build.record_bridge_build(args)
-    record.write_text(json.dumps({"torch_version": "2.14.0+cpu"}))
-    with pytest.raises(SystemExit, match="built for torch 2.14.0"):
-        build.record_bridge_build(args)
-    record.write_text(json.dumps({"torch_version": "2.13.0+cpu", "library": "_bridge.so"}))
-    build.record_bridge_build(args)
-    saved = json.loads(record.read_text())
-    assert saved["torch_version"] == "2.13.0+cpu" and saved["library"] == "_bridge.so"
-    assert saved["build_options"]["nvtx_profile"] is True
-    assert saved["build_options"]["config"] == "RelWithDebInfo"
-    assert saved["build_options"]["onnxruntime"] == "onnxruntime"
-
-
 # --------------------------------------------------------------------------- conda recipe
 
 SELECTORS = {
@@ -506,6 +122,14 @@ def by_name(specs: list[str]) -> dict[str, list[str]]:
     return out
 
 
+def recipe_yaml() -> dict[str, Any]:
+    return yaml.safe_load(RECIPE.read_text())
+
+
+def pins(variant: Any, section: str) -> list[Any]:
+    return [s for s in requirements(variant)[section] if isinstance(s, dict)]
+
+
 @pytest.mark.parametrize("platform", ["linux-64", "win-64"])
 def test_recipe_renders_exactly_cpu_and_cuda(platform: str) -> None:
     variants = render(platform, VARIANTS)
@@ -518,16 +142,18 @@ def test_recipe_renders_exactly_cpu_and_cuda(platform: str) -> None:
     assert cuda.recipe.build.number == cpu.recipe.build.number + 200
     assert cpu.recipe.package.version == cuda.recipe.package.version == package_version()
 
-    cpu_run, cuda_run = by_name(requirements(cpu)["run"]), by_name(requirements(cuda)["run"])
+    # pytorch: the variant's build in host (the bridge is compiled against it), exactly that in run
     torch_pin = f"=={build.TORCH_PIN.split('==')[1]}"
-    assert cpu_run["pytorch"] == [f"pytorch {torch_pin} cpu*"]
-    assert cuda_run["pytorch"] == [f"pytorch {torch_pin} cuda*"]
-    assert [conda_requirement(s)[2] for s in cpu_run["onnxruntime"]] == [None]
-    assert [conda_requirement(s)[2] for s in cuda_run["onnxruntime"]] == ["*cuda*"]
+    assert by_name(requirements(cpu)["host"])["pytorch"] == [f"pytorch {torch_pin} cpu*"]
+    assert by_name(requirements(cuda)["host"])["pytorch"] == [f"pytorch {torch_pin} cuda*"]
+    for variant in (cpu, cuda):
+        assert pins(variant, "run") == [{"pin_compatible": {"name": "pytorch", "exact": True}}]
+        assert "pytorch" not in by_name(requirements(variant)["run"])
+    # onnxruntime: conda-forge's CPU build (build string *_cpu) or its CUDA build (*_cuda<XY>)
+    cpu_run, cuda_run = by_name(requirements(cpu)["run"]), by_name(requirements(cuda)["run"])
+    assert [conda_requirement(s)[2] for s in cpu_run["onnxruntime"]] == ["*_cpu"]
+    assert [conda_requirement(s)[2] for s in cuda_run["onnxruntime"]] == ["*_cuda*"]
     assert "__cuda" in cuda_run and "__cuda" not in cpu_run
-    # the bridge is compiled against the host pytorch: run pins exactly that one
-    assert by_name(requirements(cpu)["host"])["pytorch"] == cpu_run["pytorch"]
-    assert by_name(requirements(cuda)["host"])["pytorch"] == cuda_run["pytorch"]
 
     cuda_build = " ".join(requirements(cuda)["build"])
     assert f"cuda-nvcc_{platform}" in cuda_build and "cuda-nvcc" not in " ".join(requirements(cpu)["build"])
@@ -548,43 +174,87 @@ def test_recipe_osx_arm64_is_cpu_only() -> None:
     assert len(render("linux-64", variant_yaml=both)) == 2
 
 
-def test_recipe_run_requirements_match_pyproject() -> None:
+def test_recipe_requirements_match_pyproject() -> None:
     (cpu,) = render("linux-64", VARIANTS, ROOT / "ci" / "conda" / "cpu.yaml")
-    run = {conda_requirement(s)[0]: conda_requirement(s)[1] for s in requirements(cpu)["run"]}
+    run = {
+        conda_requirement(s)[0]: conda_requirement(s)[1]
+        for s in requirements(cpu)["run"]
+        if isinstance(s, str)
+    }
     for name, specifiers in project_requirements().items():
-        conda = CONDA_NAMES.get(name, name)
-        assert conda in run, f"{name} missing from the recipe's run requirements"
-        if name != "torch":  # the recipe pins the exact pytorch the bridge was built against
-            assert run[conda] == specifiers, (name, run[conda], specifiers)
-    torch_spec = project_requirements()["torch"]
-    pinned = next(iter(run["pytorch"])).lstrip("=")
+        if name == "torch":  # pinned to the host build (above), which must be in pyproject's range
+            continue
+        assert name in run, f"{name} missing from the recipe's run requirements"
+        assert run[name] == specifiers, (name, run[name], specifiers)
     from packaging.specifiers import SpecifierSet
 
-    assert pinned in SpecifierSet(",".join(torch_spec)), (pinned, torch_spec)
+    pinned = next(iter(conda_requirement(by_name(requirements(cpu)["host"])["pytorch"][0])[1])).lstrip("=")
+    assert pinned in SpecifierSet(",".join(project_requirements()["torch"])), pinned
+    host = {conda_requirement(s)[0]: conda_requirement(s)[1] for s in requirements(cpu)["host"]}
+    for req in PYPROJECT["build-system"]["requires"]:
+        name, specifiers = pip_requirement(req)
+        if name == "torch":
+            assert specifiers == {f"=={pinned}"}, "pyproject's build requirement pins the recipe's torch"
+        elif name == "ninja":
+            assert "ninja" in by_name(requirements(cpu)["build"])
+        else:
+            assert host.get(name) == specifiers, (name, host.get(name), specifiers)
 
 
-def test_recipe_build_script_calls_build_py() -> None:
+def test_recipe_build_script_is_a_standard_pip_build() -> None:
     for variant in render("linux-64", VARIANTS) + render("win-64", VARIANTS):
         script = variant.recipe.build.script
-        content = script["content"] if isinstance(script, dict) else script
+        content = script["content"]
         line = content if isinstance(content, str) else " ".join(content)
-        argv = shlex.split(line.replace("%", ""))
-        assert Path(argv[1]).name == "build.py", line
-        rest = [a.replace("$CPU_COUNT", "4").replace("CPU_COUNT", "4") for a in argv[2:]]
-        rest = [
-            a.replace("$CUDA_COMPILER_VERSION", "12.6").replace("CUDA_COMPILER_VERSION", "12.6") for a in rest
+        argv = shlex.split(line)
+        assert argv[0] == "${{" or argv[0].endswith("PYTHON"), line
+        assert argv[argv.index("-m") + 1 :] == [
+            "pip",
+            "install",
+            ".",
+            "--no-build-isolation",
+            "--no-deps",
+            "-vv",
         ]
-        args = build.parse_args(rest)
-        assert (
-            args.no_venv and args.skip_deps and args.enable_lazy_tensor and args.install and args.build_wheel
-        )
-        cuda = variant.variant.get("cuda_compiler_version", "None") != "None"
-        assert args.use_cuda == cuda
-        if cuda:
-            assert script["env"]["CUDA_COMPILER_VERSION"] == variant.variant["cuda_compiler_version"]
+        assert script["env"] == {"ORT_LAZY_BUILD_BRIDGE": "1", "ORT_LAZY_BUILD_CONFIG": "Release"}
 
 
-def test_recipe_tests_check_import_bridge_parity_and_cuda_ep() -> None:
+def source_files() -> set[str]:
+    """The files the recipe's source filter keeps (rattler-build's own glob matcher)."""
+    rb = pytest.importorskip("rattler_build")
+    filt = recipe_yaml()["source"]["filter"]
+    found = rb.collect_files(ROOT, include_globs=filt["include"], exclude_globs=filt["exclude"])
+    return {str(f.destination).replace(os.sep, "/") for f in found}
+
+
+def test_recipe_lint_source_holds_what_build_tests_and_license_need() -> None:
+    """rattler-build stops on "No license files were copied" when the filter drops LICENSE."""
+    files = source_files()
+    about = recipe_yaml()["about"]
+    licenses = about["license_file"] if isinstance(about["license_file"], list) else [about["license_file"]]
+    assert set(licenses) <= files and (ROOT / "LICENSE").is_file()
+    assert about["license"] == PYPROJECT["project"]["license"]
+    build_inputs = {"setup.py", "pyproject.toml", "README.md", "cpp/bridge.cpp", "src/ort_lazy/__init__.py"}
+    assert build_inputs <= files, build_inputs - files
+    assert not [f for f in files if "_bridge." in f or f.endswith("_bridge_build.json") or ".egg-info" in f]
+    assert not [f for f in files if "__pycache__" in f]
+    # every test module the tests section runs, and what it imports, is in the source
+    for variant in render("linux-64", VARIANTS):
+        tests = variant.recipe.to_dict()["tests"]
+        scripts = [line for t in tests if "script" in t for line in t["script"]]
+        pytest_line = next(line for line in scripts if line.startswith("pytest"))
+        modules = [a for a in shlex.split(pytest_line) if a.endswith(".py")]
+        assert modules and set(modules) <= files, set(modules) - files
+        assert {"tests/conftest.py", "tests/helpers.py"} <= files
+        for module in modules:
+            imports = re.findall(r"^(?:from|import) (\w+)", (ROOT / module).read_text(), re.M)
+            allowed = {"__future__", "torch", "pytest", "ort_lazy", "helpers", *sys.stdlib_module_names}
+            assert set(imports) <= allowed, (module, set(imports) - allowed)
+
+
+def test_recipe_tests_run_the_subset_pip_check_and_bridge() -> None:
+    raw = [t for t in recipe_yaml()["tests"] if "python" in t]
+    assert raw and raw[0]["python"]["pip_check"] is True
     test_script = (ROOT / "recipe" / "run_test.py").read_text()
     for needle in (
         "_bridge_build.json",
@@ -596,13 +266,15 @@ def test_recipe_tests_check_import_bridge_parity_and_cuda_ep() -> None:
         assert needle in test_script
     for variant in render("linux-64", VARIANTS):
         tests = variant.recipe.to_dict()["tests"]
-        imports = [t["python"]["imports"] for t in tests if "python" in t]
-        assert imports and "ort_lazy" in imports[0]
-        scripts = [t["script"] for t in tests if "script" in t]
+        (python,) = [t["python"] for t in tests if "python" in t]
+        assert {"ort_lazy", "ort_lazy._bridge"} <= set(python["imports"])
+        assert python.get("pip_check", True) is True
+        (script_test,) = [t for t in tests if "script" in t]
         cuda = variant.variant.get("cuda_compiler_version", "None") != "None"
-        assert scripts == [["python run_test.py --cuda"] if cuda else ["python run_test.py"]] or scripts == [
-            "python run_test.py --cuda" if cuda else "python run_test.py"
-        ]
+        assert script_test["script"][0] == ("python run_test.py --cuda" if cuda else "python run_test.py")
+        assert script_test["script"][1].startswith("pytest -q tests/")
+        assert [conda_requirement(r)[0] for r in script_test["requirements"]["run"]] == ["pytest"]
+        assert "tests/" in script_test["files"]["source"]
 
 
 @pytest.mark.parametrize(("name", "kind"), [("cpu", "cpu"), ("cuda", "cuda126")])
@@ -630,8 +302,7 @@ def test_environment_yml_matches_pyproject() -> None:
             assert name in have_pip, f"{name} (pyproject) missing from environment.yml"
             assert have_pip[name] == specifiers, (name, have_pip[name], specifiers)
     assert have["pytorch"][2] == "cpu*", "the development environment is the CPU one"
-    lower = PYPROJECT["project"]["requires-python"]
-    assert lower in have["python"][1], (lower, have["python"][1])
+    assert have["python"][1] == set(PYPROJECT["project"]["requires-python"].split(","))
 
 
 # --------------------------------------------------------------------------- CI workflow
@@ -684,10 +355,29 @@ def test_workflow_parses_and_has_the_jobs() -> None:
     assert "ruff check" in lint
 
 
+def supported_pythons() -> list[str]:
+    """The minor versions pyproject's requires-python (">=3.X,<3.Y") admits."""
+    m = re.fullmatch(r">=3\.(\d+),<3\.(\d+)", PYPROJECT["project"]["requires-python"])
+    assert m, "requires-python needs a lower and an upper bound"
+    return [f"3.{minor}" for minor in range(int(m.group(1)), int(m.group(2)))]
+
+
+def test_requires_python_is_what_torch_publishes_wheels_for() -> None:
+    # torch 2.13.0 on PyPI: cp310, cp311, cp312, cp313, cp314 (and cp314t) wheels, none newer
+    assert supported_pythons() == ["3.10", "3.11", "3.12", "3.13", "3.14"]
+    classifiers = PYPROJECT["project"].get("classifiers", [])
+    listed = [
+        c.rsplit(" :: ", 1)[1]
+        for c in classifiers
+        if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)
+    ]
+    assert listed == supported_pythons()
+
+
 def test_workflow_test_matrix() -> None:
     wf = workflow()
     matrix = wf["jobs"]["test"]["strategy"]["matrix"]
-    assert matrix["python"] == ["3.10", "3.11", "3.12", "3.13"]
+    assert matrix["python"] == supported_pythons(), "CI runs the suite on every supported Python"
     assert matrix["torch"] == ["2.13", "2.14"]
     assert {b["name"] for b in matrix["bridge"]} == {"on", "off"}
     assert "ubuntu-latest" in matrix["os"]
@@ -695,7 +385,7 @@ def test_workflow_test_matrix() -> None:
     shards = int(wf["env"]["SHARDS"])
     assert matrix["shard"] == list(range(shards))
     runs = build_py_invocations(wf["jobs"]["test"], wf["env"])
-    assert len(runs) == len(expand_matrix(matrix)) > 32
+    assert len(runs) == len(expand_matrix(matrix)) == len(supported_pythons()) * 2 * 2 * shards + 4
     covered: dict[tuple, set[int]] = {}
     for combo, args in runs:
         assert args.test and not args.skip_tests and args.shards == shards and args.shard == combo["shard"]

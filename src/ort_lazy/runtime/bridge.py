@@ -34,7 +34,10 @@ __all__ = [
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 _BUILD_INFO = _PACKAGE_DIR / "_bridge_build.json"
-_BUILD_HINT = "build it with `python build.py --enable_lazy_tensor` (or `pip install .` from the source tree)"
+_BUILD_HINT = (
+    "build it with `python build.py --enable_lazy_tensor` (or, with torch installed, "
+    "`pip install --no-build-isolation .` from the source tree)"
+)
 
 
 class BridgeUnavailableError(ImportError, RuntimeError):
