@@ -1,20 +1,20 @@
 """Which decompositions AOTAutograd applies before a graph is partitioned.
 
-Chosen the way Inductor and ``torch.export`` choose theirs, never by taking all of
-``torch._decomp.decomposition_table``: that table also holds decompositions that are not
-functional (``aten.lift_fresh -> alias`` breaks every graph holding a ``torch.tensor(...)``
-constant under fake tensors; ``diagonal_scatter``, ``diagonal_copy`` and the linalg
-decompositions write through ``prims.copy_to``) and formulas that lose accuracy.
+Selected the way Inductor selects its table (a base set, minus an explicit exclusion list),
+never by taking ``torch._decomp.decomposition_table`` whole: that table also holds
+decompositions that are not functional (``aten.lift_fresh -> alias`` of a real constant breaks
+every graph holding a ``torch.tensor(...)`` under fake tensors; ``diagonal_scatter`` writes
+through ``prims.copy_to``, which AOTAutograd rejects in diag, diagonal_copy, qr, ormqr ...).
 
-The table is:
+The table, for ops the exporter does not translate whole (or translates wrongly):
 
-1. torch's core ATen decompositions (``torch.export.default_decompositions()``), for ops the
-   exporter does not translate whole;
-2. :data:`EXTRA`: single entries of torch's full table, each checked to be functional and
-   tested (training graphs need them to stay on ORT);
-3. decompositions of :data:`ort_lazy.support.DISTRUSTED` ops (whose whole-op translations are
-   wrong);
-4. ort-lazy's own rewrites into ops ORT runs fast (:data:`ort_lazy.lowering.rewrites.DECOMPOSITIONS`).
+1. torch's core ATen decompositions (``torch.export.default_decompositions()``) and the rest of
+   torch's table, without ``out=``/in-place overloads (graphs here are functional) and
+   without :data:`EXCLUDED` (each with its reason);
+2. decompositions of :data:`ort_lazy.support.DISTRUSTED` ops;
+3. ort-lazy's own rewrites into ops ORT runs fast (:data:`ort_lazy.lowering.rewrites.DECOMPOSITIONS`).
+
+An op with no decomposition and no translation stays in PyTorch.
 """
 
 from __future__ import annotations
@@ -27,25 +27,36 @@ import torch
 from ..support import DISTRUSTED, registered_ops
 from .rewrites import DECOMPOSITIONS
 
-__all__ = ["decomposition_table", "EXTRA"]
+__all__ = ["decomposition_table", "EXCLUDED"]
 
 _aten = torch.ops.aten
 
-#: entries of ``torch._decomp.decomposition_table`` outside the core set that ort-lazy uses
-EXTRA = (
-    # max pooling's backward: indices -> a scatter-free gather of gradients (CNN training)
-    _aten.max_pool2d_with_indices_backward.default,
-    # index factories (no ONNX translation): arange arithmetic
-    _aten.tril_indices.default,
-    _aten.triu_indices.default,
-)
+def _excluded() -> dict[Any, str]:
+    aten = torch.ops.aten
+    random = "random: stays in PyTorch so results follow torch's random stream"
+    return {
+        aten.lift_fresh.default: "an alias of a real constant tensor (breaks fake-tensor tracing)",
+        aten.lift.default: "an alias of a real constant tensor (breaks fake-tensor tracing)",
+        aten.diagonal_scatter.default: "writes through prims.copy_to (not functional)",
+        **{
+            op: random
+            for op in (
+                aten.cauchy.default, aten.exponential.default, aten.geometric.default, aten.log_normal.default,
+                aten.uniform.default, aten._fused_dropout.default, aten.alpha_dropout.default,
+                aten.rrelu_with_noise_backward.default,
+            )
+        },
+    }
+
+
+#: decompositions of torch's table that ort-lazy never applies, with the reason
+EXCLUDED: dict[Any, str] = _excluded()
 
 
 def _functional(op: Any) -> bool:
-    """Neither writes into an argument nor returns an alias (``out=`` forms, views: functional
-    graphs never hold them, and make_fx decomposes composite views by itself)."""
-    schema = op._schema
-    return not schema.is_mutable and not any(r.alias_info is not None for r in schema.returns)
+    """Writes into none of its arguments (``out=`` and in-place overloads never appear in the
+    functional graphs decomposed here)."""
+    return hasattr(op, "_schema") and not op._schema.is_mutable
 
 
 @functools.lru_cache(maxsize=8)
@@ -56,14 +67,13 @@ def decomposition_table(cache_dir: str | None = None) -> dict[Any, Any]:
     ops, so a warm process never loads it.
     """
     translated = set(registered_ops(cache_dir)) - set(DISTRUSTED)
-    full = torch._decomp.decomposition_table
     table: dict[Any, Any] = {}
-    for op, fn in torch.export.default_decompositions().items():
-        if hasattr(op, "_schema") and op not in translated and _functional(op):
+    for source in (torch.export.default_decompositions(), torch._decomp.decomposition_table):
+        for op, fn in source.items():
+            if op in table or op in translated or op in EXCLUDED or not _functional(op):
+                continue
             table[op] = fn
-    for op in EXTRA:
-        if op not in translated and op in full:
-            table[op] = full[op]
+    full = torch._decomp.decomposition_table
     for op in DISTRUSTED:
         if op not in table and op in full:
             table[op] = full[op]
