@@ -28,6 +28,7 @@
 #include <memory>
 #include <mutex>
 #include <sstream>
+#include <unordered_map>
 #include <string>
 #include <vector>
 
@@ -48,7 +49,7 @@ const c10::Symbol kGroup = c10::Symbol::fromQualString("ort::CompilationGroup");
 // Python callables installed by ort_lazy.frontends.jit.  They are leaked on purpose:
 // destroying py::objects after the interpreter shut down would crash at exit.
 struct Callbacks {
-  py::object* support = nullptr;  // support(key, op, overload, inputs) -> bool
+  py::object* support = nullptr;  // support(key, op, overload, inputs, graph) -> bool
   py::object* factory = nullptr;  // factory(graph, name) -> object with run(list) -> list | None
   py::object* on_torch_run = nullptr;  // on_torch_run(reason) -> None
   py::object* fatal = nullptr;  // exception type(s) a group run must raise, not fall back on
@@ -96,6 +97,49 @@ py::object describe_input(const Value* v, std::ostringstream& key) {
   return py::make_tuple(py::str("const"), value);
 }
 
+// A copy of the group's subgraph prepared for the exporter: no LTC `source` attributes and
+// a single (tuple) output when there are several.
+std::shared_ptr<Graph> prepare_for_export(const std::shared_ptr<Graph>& subgraph) {
+  auto g = subgraph->copy();
+  // Profiled types are not guarded: the exporter must re-derive them from real inputs.
+  torch::jit::RemoveTensorTypeSpecializations(g);
+  static const c10::Symbol kSource = c10::Symbol::attr("source");
+  for (Node* n : g->nodes()) {
+    if (n->hasAttribute(kSource)) n->removeAttribute(kSource);
+  }
+  if (g->outputs().size() > 1) {
+    std::vector<Value*> outs(g->outputs().begin(), g->outputs().end());
+    Node* tuple = g->insertNode(g->createTuple(outs));
+    while (!g->outputs().empty()) g->eraseOutput(0);
+    g->registerOutput(tuple->output());
+  }
+  return g;
+}
+
+// A graph holding a copy of `node` alone: its tensor inputs become graph inputs (with the
+// node's profiled types), its constant inputs are copied.  Python probes whether the
+// TorchScript exporter and ORT take exactly this node.
+std::shared_ptr<Graph> single_node_graph(Node* node) {
+  auto g = std::make_shared<Graph>();
+  std::unordered_map<Value*, Value*> env;
+  for (Value* in : node->inputs()) {
+    if (env.count(in)) continue;
+    if (in->node()->kind() == c10::prim::Constant) {
+      Node* c = g->createClone(in->node(), [](Value* v) { return v; });
+      g->insertNode(c);
+      env[in] = c->output();
+    } else {
+      Value* v = g->addInput();
+      v->setType(in->type());
+      env[in] = v;
+    }
+  }
+  Node* copy = g->createClone(node, [&](Value* v) { return env.at(v); });
+  g->insertNode(copy);
+  for (Value* out : copy->outputs()) g->registerOutput(out);
+  return prepare_for_export(g);
+}
+
 // The fusion predicate.  Only aten nodes with one tensor output whose non-tensor inputs
 // are constants qualify: CustomFuseGraph merges single-output producers only (a two-output
 // node such as max_pool2d_with_indices trips its assertion), and LTC's
@@ -125,7 +169,8 @@ bool is_supported(Node* node) {
     inputs.append(d);
   }
   try {
-    return (*g_cb.support)(key.str(), schema->name(), schema->overload_name(), inputs)
+    return (*g_cb.support)(key.str(), schema->name(), schema->overload_name(), inputs,
+                           single_node_graph(node))
         .cast<bool>();
   } catch (py::error_already_set& e) {
     e.discard_as_unraisable(__func__);
@@ -133,30 +178,92 @@ bool is_supported(Node* node) {
   }
 }
 
-// ReLU's backward, aten::threshold_backward(grad, self, threshold), has no ONNX export;
-// written as masked_fill(grad, self <= threshold, 0) (the same values, NaN included: a NaN
-// input keeps its gradient in both) it fuses with the rest of a backward graph.  Output
-// types are copied so the predicate can judge the new nodes.
-void lower_threshold_backward(const std::shared_ptr<Graph>& graph) {
-  static const c10::Symbol kThresholdBackward = c10::Symbol::fromQualString("aten::threshold_backward");
-  static const c10::Symbol kLe = c10::Symbol::fromQualString("aten::le");
-  static const c10::Symbol kMaskedFill = c10::Symbol::fromQualString("aten::masked_fill");
-  std::vector<Node*> found;
-  for (Node* n : graph->nodes()) {
-    if (n->kind() == kThresholdBackward && n->inputs().size() == 3) found.push_back(n);
+// LazyTensor's graphs hold aten ops the TorchScript exporter has no symbolic for; each is
+// rewritten here, before fusion, into ops it exports, with the same values.  New values get
+// the replaced node's profiled type (dtype and rank; sizes only where they are the same), so
+// the support predicate can judge them.
+
+Node* insert_typed(const std::shared_ptr<Graph>& graph, const char* kind,
+                   std::vector<Value*> inputs, const c10::TypePtr& type) {
+  Node* n = graph->insertNode(graph->create(c10::Symbol::fromQualString(kind), inputs));
+  n->output()->setType(type);
+  return n;
+}
+
+// aten::threshold_backward(grad, self, threshold) (ReLU's backward) =
+// masked_fill(grad, self <= threshold, 0): a NaN input keeps its gradient in both.
+bool lower_threshold_backward(const std::shared_ptr<Graph>& graph, Node* n,
+                              const c10::TensorTypePtr& out, const c10::TensorTypePtr& self) {
+  Node* le = insert_typed(graph, "aten::le", {n->input(1), n->input(2)}, self->withScalarType(at::kBool));
+  Value* zero = graph->insertConstant(at::Scalar(0));
+  Node* fill = insert_typed(graph, "aten::masked_fill", {n->input(0), le->output(), zero}, out);
+  n->output()->replaceAllUsesWith(fill->output());
+  return true;
+}
+
+// aten::_softmax(x, dim, false) = softmax(x, dim, None); likewise _log_softmax.
+bool lower_private_softmax(const std::shared_ptr<Graph>& graph, Node* n, const c10::TensorTypePtr& out,
+                           const char* kind) {
+  auto half_to_float = torch::jit::toIValue(n->input(2));
+  if (!half_to_float || !half_to_float->isBool() || half_to_float->toBool()) return false;
+  Value* none = graph->insertConstant(c10::IValue());
+  Node* r = insert_typed(graph, kind, {n->input(0), n->input(1), none}, out);
+  n->output()->replaceAllUsesWith(r->output());
+  return true;
+}
+
+// The backward of softmax (out = softmax(x)): out * (grad - sum(grad * out, dim, keepdim));
+// of log_softmax (out = log_softmax(x)): grad - exp(out) * sum(grad, dim, keepdim).
+bool lower_softmax_backward(const std::shared_ptr<Graph>& graph, Node* n, const c10::TensorTypePtr& out,
+                            bool log) {
+  auto dim = torch::jit::toIValue(n->input(2));
+  auto grad_type = n->input(0)->type()->cast<c10::TensorType>();
+  if (!dim || !dim->isInt() || !grad_type || grad_type->scalarType() != out->scalarType()) return false;
+  Value* grad = n->input(0);
+  Value* y = n->input(1);
+  Value* dims = graph->insertConstant(c10::IValue(std::vector<int64_t>{dim->toInt()}));
+  Value* keep = graph->insertConstant(true);
+  Value* none = graph->insertConstant(c10::IValue());
+  Value* one = graph->insertConstant(at::Scalar(1));
+  auto reduced = out->dimensionedOnly();
+  Value* result;
+  if (log) {
+    Node* total = insert_typed(graph, "aten::sum", {grad, dims, keep, none}, reduced);
+    Node* p = insert_typed(graph, "aten::exp", {y}, out);
+    Node* scaled = insert_typed(graph, "aten::mul", {p->output(), total->output()}, out);
+    result = insert_typed(graph, "aten::sub", {grad, scaled->output(), one}, out)->output();
+  } else {
+    Node* prod = insert_typed(graph, "aten::mul", {grad, y}, out);
+    Node* total = insert_typed(graph, "aten::sum", {prod->output(), dims, keep, none}, reduced);
+    Node* diff = insert_typed(graph, "aten::sub", {grad, total->output(), one}, out);
+    result = insert_typed(graph, "aten::mul", {y, diff->output()}, out)->output();
   }
-  for (Node* n : found) {
-    auto out_type = n->output()->type()->cast<c10::TensorType>();
-    auto self_type = n->input(1)->type()->cast<c10::TensorType>();
-    if (!out_type || !self_type) continue;
+  n->output()->replaceAllUsesWith(result);
+  return true;
+}
+
+void lower_for_export(const std::shared_ptr<Graph>& graph) {
+  std::vector<Node*> nodes(graph->nodes().begin(), graph->nodes().end());
+  for (Node* n : nodes) {
+    if (n->outputs().size() != 1) continue;
+    auto out = n->output()->type()->cast<c10::TensorType>();
+    if (!out || !out->scalarType() || !out->dim()) continue;
+    const std::string kind = n->kind().toQualString();
     torch::jit::WithInsertPoint guard(n);
-    Node* le = graph->insertNode(graph->create(kLe, {n->input(1), n->input(2)}));
-    le->output()->setType(self_type->withScalarType(at::kBool));
-    Value* zero = graph->insertConstant(at::Scalar(0));
-    Node* fill = graph->insertNode(graph->create(kMaskedFill, {n->input(0), le->output(), zero}));
-    fill->output()->setType(out_type);
-    n->output()->replaceAllUsesWith(fill->output());
-    n->destroy();
+    bool done = false;
+    if (kind == "aten::threshold_backward" && n->inputs().size() == 3) {
+      auto self = n->input(1)->type()->cast<c10::TensorType>();
+      done = self && lower_threshold_backward(graph, n, out, self);
+    } else if (kind == "aten::_softmax" && n->inputs().size() == 3) {
+      done = lower_private_softmax(graph, n, out, "aten::softmax");
+    } else if (kind == "aten::_log_softmax" && n->inputs().size() == 3) {
+      done = lower_private_softmax(graph, n, out, "aten::log_softmax");
+    } else if (kind == "aten::_softmax_backward_data" && n->inputs().size() == 4) {
+      done = lower_softmax_backward(graph, n, out, false);
+    } else if (kind == "aten::_log_softmax_backward_data" && n->inputs().size() == 4) {
+      done = lower_softmax_backward(graph, n, out, true);
+    }
+    if (done) n->destroy();
   }
 }
 
@@ -168,27 +275,8 @@ void fuse_pass(std::shared_ptr<Graph>& graph) {
   // carry the observed types.  Fold them into the values so the predicate sees dtypes.
   torch::jit::RemoveProfileNodesAndSpecializeTypes(graph);
   torch::jit::EliminateDeadCode(graph);
-  lower_threshold_backward(graph);
+  lower_for_export(graph);
   torch::jit::CustomFuseGraph(graph, is_supported, kGroup);
-}
-
-// A copy of the group's subgraph prepared for the exporter: no LTC `source` attributes and
-// a single (tuple) output when there are several.
-std::shared_ptr<Graph> prepare_for_export(const std::shared_ptr<Graph>& subgraph) {
-  auto g = subgraph->copy();
-  // Profiled types are not guarded: the exporter must re-derive them from real inputs.
-  torch::jit::RemoveTensorTypeSpecializations(g);
-  static const c10::Symbol kSource = c10::Symbol::attr("source");
-  for (Node* n : g->nodes()) {
-    if (n->hasAttribute(kSource)) n->removeAttribute(kSource);
-  }
-  if (g->outputs().size() > 1) {
-    std::vector<Value*> outs(g->outputs().begin(), g->outputs().end());
-    Node* tuple = g->insertNode(g->createTuple(outs));
-    while (!g->outputs().empty()) g->eraseOutput(0);
-    g->registerOutput(tuple->output());
-  }
-  return g;
 }
 
 // State of one ort::CompilationGroup node, shared by every execution of it.

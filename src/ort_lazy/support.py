@@ -278,48 +278,67 @@ def op_reason(
     return unsupported_reason(node, options, providers)
 
 
-def torchscript_reason(op: str, overload: str, inputs: Sequence[Any], options: Options) -> str | None:
-    """:func:`op_reason` for a TorchScript node described by the bridge.
+def torchscript_reason(op: str, overload: str, inputs: Sequence[Any], options: Options, graph: Any) -> str | None:
+    """Whether ORT can run a TorchScript node of a bridge group (None) or why not.
 
+    Groups are exported with the TorchScript exporter, so that exporter decides the mapping:
+    ``graph`` (the node alone, made by the bridge) is exported once per signature and every
+    emitted ONNX node is checked against ORT's kernels, as the FX probes do for torchlib.
     ``op`` is TorchScript's name (``aten::mul``); each input is ``("tensor", dtype, sizes or
-    rank, device or None)`` or ``("const", value)``. The op runs once on meta tensors of those
-    shapes to learn its outputs.
+    rank, device or None)`` or ``("const", value)``. Answers are memoised like the FX probes'.
     """
-    from .export.torchscript import COPY_TO_VIEW
-
-    # The exporter rewrites functionalized ``*_copy`` ops to their views (same values), so
-    # they are supported exactly when the view op is.
-    target = lookup(f"{COPY_TO_VIEW.get(op, op)}.{overload or 'default'}")
-    if not isinstance(target, torch._ops.OpOverload):
-        return Reason.NO_MAPPING
-    device: torch.device | None = None
-    values: list[Any] = []
-    for desc in inputs:
-        if desc[0] == "tensor":
-            _, dtype, sizes, dev = desc
-            shape = [1] * sizes if isinstance(sizes, int) else list(sizes)
-            values.append(torch.empty(shape, dtype=dtype, device="meta"))
-            if dev is not None and device is None:
-                device = torch.device(dev)
-        else:
-            values.append(desc[1])
+    target = lookup(f"{op}.{overload or 'default'}")
+    if isinstance(target, torch._ops.OpOverload) and is_excluded(target, options):
+        return Reason.EXCLUDED
+    tensors = [d for d in inputs if d[0] == "tensor"]
+    device = next((torch.device(d[3]) for d in tensors if d[3] is not None), None)
     if device is not None and device.type not in _DEVICES:
         return Reason.UNSUPPORTED_DEVICE
-    args: list[Any] = []
-    kwargs: dict[str, Any] = {}
-    for arg, value in zip(target._schema.arguments, values):
-        if arg.kwarg_only:
-            kwargs[arg.name] = value
+    if any(d[1] not in _CARRIED for d in tensors):
+        return Reason.UNSUPPORTED_DTYPE
+    providers = tuple(options.resolve_providers(device))
+
+    def sig(desc: Sequence[Any]) -> Any:
+        if desc[0] == "tensor":
+            return ["T", str(desc[1]), desc[2]]
+        return ["C", repr(desc[1])]
+
+    key = json.dumps(["torchscript", op, overload, [sig(d) for d in inputs], providers])
+    table = _probe_table(options.cache_dir)
+    with _probe_lock:
+        if key in table:
+            return table[key]
+    answer = _probe_torchscript(graph, tensors, providers)
+    with _probe_lock:
+        if len(table) > 8192:
+            table.clear()
+        table[key] = answer
+        _dirty.add(options.cache_dir)
+    return answer
+
+
+def _probe_torchscript(graph: Any, tensors: Sequence[Any], providers: tuple[str, ...]) -> str | None:
+    """Export the one-node ``graph`` with the TorchScript exporter and check ORT's kernels."""
+    import onnx
+    import onnx_ir as ir
+
+    from .export.torchscript import export_torchscript
+    from .runtime.bridge import no_fusion
+
+    generator = torch.Generator().manual_seed(0)
+    examples = []
+    for _, dtype, sizes, device in tensors:
+        shape = [2] * sizes if isinstance(sizes, int) else list(sizes)
+        if dtype.is_floating_point:
+            t = torch.rand(shape, generator=generator).to(dtype)
         else:
-            args.append(value)
+            t = torch.zeros(shape, dtype=dtype)
+        examples.append(t.to(device) if device is not None else t)
     try:
-        output = target(*args, **kwargs)
-    except Exception:
-        return Reason.NO_MAPPING
-    try:
-        return op_reason(target, args, kwargs, output, options, options.resolve_providers(device))
-    except Exception:
-        return Reason.EXPORT_FAILED
+        model = export_torchscript(graph, examples, name="probe", no_fusion=no_fusion)
+    except Exception as e:
+        return f"{Reason.NO_MAPPING} (TorchScript exporter: {str(e).splitlines()[0][:120]})"
+    return _translation_problem(ir.serde.deserialize_model(onnx.load_from_string(model.model_bytes)), providers)
 
 
 _probe_lock = threading.Lock()

@@ -36,7 +36,6 @@ from zoo import CASES, FAST
 from zoo_runs import Run, inference, max_relative_grad_error, training
 
 from helpers import assert_close
-from known_bugs import Bug, xfail
 from ort_lazy.reasons import Reason
 
 #: Ops a case leaves to PyTorch by design, with why that is not a bug.
@@ -66,19 +65,10 @@ DOCUMENTED_FALLBACKS: dict[str, dict[str, dict[tuple[str, str], str]]] = {
     },
 }
 
-#: model -> test kind -> the bugs that test meets, in order
-HF_DECODERS = ("gpt2", "llama", "t5", "whisper")
-CLASSIFIERS = ("bert", "distilbert", "vit", "resnet", "mobilenet", "convnext")
-KNOWN: dict[str, dict[str, tuple[Bug, ...]]] = {}
-
-
 def _params(kind: str) -> list:
     params = []
     for name in CASES:
         marks = [] if name in FAST else [pytest.mark.zoo_full]
-        bugs = KNOWN.get(name, {}).get(kind)
-        if bugs:
-            marks.append(xfail(*bugs))
         params.append(pytest.param(name, marks=marks, id=name))
     return params
 

@@ -29,7 +29,6 @@ from zoo import CASES
 
 import ort_lazy
 from helpers import assert_close, bridge_marks
-from known_bugs import TS_CONV, TS_SOFTMAX, xfail
 from ort_lazy import metrics
 
 pytestmark = bridge_marks()
@@ -56,10 +55,8 @@ def lazy_run(name: str) -> dict:
     return json.loads(lines[-1])
 
 
-def _param(name: str, *bugs, full: bool = False):
+def _param(name: str, full: bool = False):
     marks = [pytest.mark.zoo_full] if full else []
-    if bugs:
-        marks.append(xfail(*bugs))
     return pytest.param(name, marks=marks, id=name)
 
 
@@ -98,7 +95,7 @@ def test_lazy_sgd_matches_cpu(name: str) -> None:
         _param("cnn_maxpool"),
         _param("transformer"),
         _param("cnn_avgpool"),
-        _param("transformer_block", TS_SOFTMAX, full=True),
+        _param("transformer_block", full=True),
     ],
     scope="module",
 )
@@ -165,7 +162,7 @@ def test_traced_model_matches_eager(name: str) -> None:
     assert c["export_failures"] == 0 and c["ort_failures"] == 0, c
 
 
-@pytest.mark.parametrize("name", [_param("resnet", TS_CONV)], scope="module")
+@pytest.mark.parametrize("name", [_param("resnet")], scope="module")
 def test_traced_cnn_convolutions_run_on_ort(name: str) -> None:
     """Convolution, batch norm and pooling have ONNX translations in the exporter the groups use."""
     run = traced_run(name)

@@ -28,14 +28,15 @@ __all__ = ["BridgeUnavailableError", "load_bridge", "bridge_info", "enable", "di
 _support_cache: dict[str, str | None] = {}
 
 
-def _support(key: str, op: str, overload: str, inputs: Sequence[Any]) -> bool:
-    """Fusion predicate for one node (``op`` like ``aten::mul``; ``inputs`` described by C++)."""
+def _support(key: str, op: str, overload: str, inputs: Sequence[Any], graph: torch._C.Graph) -> bool:
+    """Fusion predicate for one node (``op`` like ``aten::mul``; ``inputs`` described by C++,
+    ``graph`` the node alone)."""
     options = bridge.options()
     if options is None:
         return False
     reason = _support_cache.get(key, False)
     if reason is False:
-        reason = support.torchscript_reason(op, overload, inputs, options)
+        reason = support.torchscript_reason(op, overload, inputs, options, graph)
         if len(_support_cache) > 16384:
             _support_cache.clear()
         _support_cache[key] = reason
