@@ -65,6 +65,10 @@ DOCUMENTED_FALLBACKS: dict[str, dict[str, dict[tuple[str, str], str]]] = {
     },
 }
 
+HF_DECODERS = ("gpt2", "llama", "t5", "whisper")
+CLASSIFIERS = ("bert", "distilbert", "vit", "resnet", "mobilenet", "convnext")
+
+
 def _params(kind: str) -> list:
     params = []
     for name in CASES:
