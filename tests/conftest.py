@@ -8,11 +8,14 @@ import os
 
 import pytest
 
+# the OpInfo parity suite's options and result collection (tests/opinfo)
+pytest_plugins = ["opinfo.plugin"]
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("ort-lazy sharding")
-    group.addoption("--shards", type=int, default=1, help="split the suite into N shards")
-    group.addoption("--shard", type=int, default=0, help="run shard I (0-based)")
+    group.addoption("--shards", "--num-shards", dest="shards", type=int, default=1, help="split the suite into N shards")
+    group.addoption("--shard", "--shard-id", dest="shard", type=int, default=0, help="run shard I (0-based)")
     zoo = parser.getgroup("ort-lazy model zoo")
     zoo.addoption(
         "--zoo-full",

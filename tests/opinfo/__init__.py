@@ -1,0 +1,1 @@
+"""OpInfo parity suite: PyTorch's operator database through ``torch.compile(backend="ort")``."""

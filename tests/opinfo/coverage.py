@@ -1,0 +1,174 @@
+"""Render ``docs/COVERAGE.md`` from the OpInfo expectations table.
+
+    python tests/opinfo/coverage.py            # write docs/COVERAGE.md
+    python tests/opinfo/coverage.py --check    # exit 1 when the page is out of date
+
+The page is a pure function of ``tests/opinfo/expectations.tsv`` (and the suite's fixed
+selection), so ``test_coverage.py`` can check that it was regenerated with the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make ``opinfo`` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from opinfo.selection import FAST, RANDOM_OPS  # noqa: E402
+from opinfo.table import DIRECTIONS, DTYPES, TABLE, Entry, Key, kind, read_table  # noqa: E402
+
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "COVERAGE.md"
+KINDS = ("ort", "fallback", "xfail", "skip")
+
+
+def _pct(n: int, total: int) -> str:
+    return f"{n} ({100.0 * n / total:.1f}%)" if total else str(n)
+
+
+def _row(label: list[str], statuses: list[str]) -> str:
+    counts = collections.Counter(kind(s) for s in statuses)
+    compared = len(statuses) - counts["skip"]
+    cells = [str(len(statuses))] + [_pct(counts[k], compared) for k in KINDS[:3]] + [str(counts["skip"])]
+    return "| " + " | ".join(label + cells) + " |"
+
+
+def _reason_parts(status: str) -> list[str]:
+    """The reasons of a ``fallback:`` status without their op lists."""
+    body = status.removeprefix("fallback: ")
+    return [part if part.startswith("no graph") else re.sub(r" \([^()]*(\([^()]*\)[^()]*)*\)$", "", part) for part in body.split("; ")]
+
+
+def _cases_text(keys: list[Key]) -> str:
+    """``float32 forward, backward; int64 forward`` for the cases of one op."""
+    by_dtype: dict[str, list[str]] = collections.defaultdict(list)
+    for _, dtype, direction in keys:
+        by_dtype[dtype].append(direction)
+    return "; ".join(f"{d} {', '.join(by_dtype[d])}" for d in DTYPES if d in by_dtype)
+
+
+def _escape(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def render(entries: Mapping[Key, Entry]) -> str:
+    """The Markdown page for ``entries``."""
+    out = [
+        "# OpInfo coverage",
+        "",
+        "What of PyTorch's operator database (`torch.testing._internal.common_methods_invocations.op_db`)",
+        'runs on ONNX Runtime through `torch.compile(fn, backend="ort")`, checked against eager PyTorch by',
+        "the OpInfo parity suite (`tests/opinfo`). Generated from `tests/opinfo/expectations.tsv` by",
+        "`python tests/opinfo/coverage.py`; do not edit by hand.",
+        "",
+        "A case is one OpInfo (and variant), one dtype and one direction: `forward` (inputs not requiring",
+        "grad), `backward` (gradients by `torch.autograd.grad`, forward outputs compared too) and `no_grad`",
+        "(forward under `torch.no_grad()`, lowered without AOTAutograd), on the first two samples eager",
+        "can run. Status:",
+        "",
+        "- **ort**: matches eager and ORT ran (for `backward`: the backward graph ran on ORT);",
+        "- **fallback**: matches eager, nothing ran on ORT (reason below);",
+        "- **xfail**: a known defect, the compiled call differs from eager (`wrong`) or raises (`crash`);",
+        "- **skip**: nothing to compare (eager raises on every sample, no differentiable output ...).",
+        "",
+        "Shares are of the compared cases (skips left out).",
+        "",
+        "## By dtype and direction",
+        "",
+        "| dtype | direction | cases | ort | fallback | xfail | skip |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for dtype in DTYPES:
+        for direction in DIRECTIONS:
+            statuses = [e.status for (_, d, r), e in entries.items() if d == dtype and r == direction]
+            if statuses:
+                out.append(_row([dtype, direction], statuses))
+    for direction in DIRECTIONS:
+        statuses = [e.status for (_, _, r), e in entries.items() if r == direction]
+        out.append(_row(["**all**", f"**{direction}**"], statuses))
+    out.append(_row(["**all**", "**all**"], [e.status for e in entries.values()]))
+
+    fast = [e.expected(1) for (_, d, r), e in entries.items() if (d, r) in FAST]
+    ops = {op for op, _, _ in entries}
+    ort_ops = {op for (op, _, _), e in entries.items() if e.status == "ort"}
+    out += [
+        "",
+        f"OpInfos: {len(ops)} (+{len(RANDOM_OPS)} random ones not run, below); "
+        f"{len(ort_ops)} run on ORT in at least one case. Fast subset (`pytest tests/opinfo`, one sample): "
+        f"{len(fast)} cases, " + ", ".join(f"{k} {sum(1 for s in fast if kind(s) == k)}" for k in KINDS) + ".",
+        "",
+        "## Fallback reasons",
+        "",
+        "Cases per reason (a case may have several).",
+        "",
+        "| reason | cases |",
+        "|---|---:|",
+    ]
+    reasons = collections.Counter(p for e in entries.values() if kind(e.status) == "fallback" for p in _reason_parts(e.status))
+    for reason, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])):
+        out.append(f"| {_escape(reason)} | {n} |")
+
+    out += ["", "## Known defects (xfail)", ""]
+    defects: dict[str, dict[str, list[Key]]] = collections.defaultdict(lambda: collections.defaultdict(list))
+    for key, e in sorted(entries.items()):
+        if kind(e.status) == "xfail":
+            defects[key[0]][e.status.removeprefix("xfail: ")].append(key)
+    if defects:
+        out += ["| op | cases | status |", "|---|---|---|"]
+        for op in sorted(defects):
+            for status, keys in sorted(defects[op].items()):
+                out.append(f"| `{op}` | {_cases_text(keys)} | {_escape(status)} |")
+    else:
+        out.append("None.")
+
+    out += [
+        "",
+        "## OpInfos that never reach ORT",
+        "",
+        "No case of these runs on ORT; their statuses, with the number of cases.",
+        "",
+        "| op | statuses |",
+        "|---|---|",
+    ]
+    for op in sorted(ops - ort_ops):
+        counts = collections.Counter(e.status for (o, _, _), e in entries.items() if o == op)
+        text = "<br>".join(f"{_escape(s)} ({n})" for s, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+        out.append(f"| `{op}` | {text} |")
+
+    out += [
+        "",
+        "## Not run",
+        "",
+        "Random or uninitialised-memory OpInfos (eager differs from itself): "
+        + ", ".join(f"`{op}`" for op in sorted(RANDOM_OPS))
+        + ".",
+        "",
+    ]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--table", type=Path, default=TABLE, help="expectations table (default: %(default)s)")
+    parser.add_argument("--out", type=Path, default=PAGE, help="page to write (default: %(default)s)")
+    parser.add_argument("--check", action="store_true", help="only check that the page is up to date")
+    args = parser.parse_args(argv)
+    page = render(read_table(args.table))
+    if args.check:
+        current = args.out.read_text(encoding="utf-8") if args.out.exists() else ""
+        if current != page:
+            print(f"{args.out} is out of date: run python tests/opinfo/coverage.py", file=sys.stderr)
+            return 1
+        return 0
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(page, encoding="utf-8")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
