@@ -388,10 +388,23 @@ def test_probes_type_function_bodies_and_reject_translations_ort_cannot_load() -
     # Erf inside torchlib's erf function has no double kernel on CPU: seen only once inlined
     assert _probe(torch.special.erf, torch.randn(4, dtype=torch.float64)).startswith(Reason.NO_KERNEL)
     assert _probe(torch.special.erf, torch.randn(4)) is None
-    # float16 layer norm: the translation declares float16 statistics, LayerNormalization makes float
+    # float16 layer norm: the translation declares float16 statistics LayerNormalization does not
+    # make (ill-typed); computed in float32 between casts for the CPU provider, it is well typed
     w16 = torch.randn(8, dtype=torch.half)
-    reason = _probe(lambda x, w, b: aten.native_layer_norm(x, [8], w, b, 1e-5), torch.randn(2, 8, dtype=torch.half), w16, w16)
-    assert reason is not None and reason.startswith(Reason.BAD_TRANSLATION), reason
+    x16 = torch.randn(2, 8, dtype=torch.half)
+    layer_norm = lambda x, w, b: aten.native_layer_norm(x, [8], w, b, 1e-5)  # noqa: E731
+    import onnxruntime as ort
+
+    from ort_lazy.export.fx import ExportError, export_graph
+
+    with pytest.raises(ExportError, match="LayerNormalization"):
+        export_graph(_graph(layer_norm, x16, w16, w16), "ln")
+    assert _probe(layer_norm, x16, w16, w16) is None
+    model = export_graph(_graph(layer_norm, x16, w16, w16), "ln", providers=("CPUExecutionProvider",))
+    session = ort.InferenceSession(model.model_bytes, providers=["CPUExecutionProvider"])
+    got = session.run(None, {n: v.numpy() for n, v in zip(model.input_names, (x16, w16, w16))})
+    for g, e in zip(got, layer_norm(x16, w16, w16)):
+        assert torch.equal(torch.from_numpy(g), e)
     w = torch.randn(8)
     assert _probe(lambda x, w, b: aten.native_layer_norm(x, [8], w, b, 1e-5), torch.randn(2, 8), w, w) is None
     # eval batch norm: its empty saved statistics differ in shape only, which ORT accepts

@@ -31,9 +31,9 @@ import torch
 import torch.utils._pytree as pytree
 
 from ort_lazy import metrics
-from ort_lazy.partition import GraphRecord, recording
+from ort_lazy.debug.records import GraphRecord, recording
+from ort_lazy.reasons import Reason
 from ort_lazy.runtime.session import session_cache
-from ort_lazy.support import Reason
 
 from .selection import FAST, RANDOM_OPS, TIE_OPS
 from .table import DIRECTIONS, DTYPES

@@ -12,7 +12,7 @@ import torch.fx
 
 from .. import _compat, metrics
 from ..specs import TORCH_TO_ONNX, OrtModel, TensorSpec
-from .widen import widen_bfloat16
+from .widen import widen_low_precision
 
 __all__ = ["ExportError", "translate", "export_graph", "single_node_graph", "isolated_nodes_graph", "spec_of", "reinfer_types"]
 
@@ -64,8 +64,8 @@ def isolated_nodes_graph(nodes: Sequence[torch.fx.Node], single: bool = False) -
 def translate(gm: torch.fx.GraphModule, name: str = "region", providers: Sequence[str] | None = None) -> Any:
     """Translate ``gm`` (aten ops, placeholders with ``meta['val']``) to an ``onnx_ir`` model.
 
-    With ``providers``, bfloat16 nodes those providers have no kernel for are computed in
-    float32 between casts (:func:`~ort_lazy.export.widen.widen_bfloat16`).
+    With ``providers``, float16 / bfloat16 nodes those providers have no kernel for are
+    computed in float32 between casts, per op (:func:`~ort_lazy.export.widen.widen_low_precision`).
     """
     gm = _prepare(gm)
     scalars = _exact_double_scalars(gm)
@@ -76,7 +76,7 @@ def translate(gm: torch.fx.GraphModule, name: str = "region", providers: Sequenc
     _dedupe_outputs(model)
     _compat.finalize_ir_model(model)
     if providers is not None:
-        model = widen_bfloat16(model, providers)
+        model = widen_low_precision(model, providers)
     return model
 
 

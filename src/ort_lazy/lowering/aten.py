@@ -61,6 +61,9 @@ def _aot_compiler(options: Options, tag: str, frozen: dict[int, torch.Tensor] | 
         constants = _frozen_for(gm, frozen) if frozen else None
         try:
             work = copy_graph_module(gm)
+            # dead values (a view AOTAutograd regenerates outside the graph) would make regions
+            # without outputs; ops that write stay (impure)
+            work.graph.eliminate_dead_code()
             drop_unused_indices(work)
             forward = compile_graph(work, options, tag=tag, constants=constants).forward
         except Exception as e:

@@ -297,6 +297,20 @@ def layer_norm_low_precision(x: torch.Tensor, shape: list[int], weight: Any, bia
     return out.to(x.dtype), mean.to(x.dtype), rstd.to(x.dtype)
 
 
+def _full_precision_only(op: Any) -> Any:
+    """torch's decomposition of ``op`` for float32 / float64 only. For float16 / bfloat16 it
+    computes the whole op in float32 and rounds once, where eager's CPU kernel rounds after each
+    of its steps (``soft_margin_loss``: eager's ``exp(-y * x)`` is inf in float16 from
+    ``y * x < -11``, the decomposition's stays finite): the op stays whole there."""
+
+    def decompose(*args: Any, **kwargs: Any) -> Any:
+        if any(isinstance(a, torch.Tensor) and a.dtype in (torch.float16, torch.bfloat16) for a in args):
+            return NotImplemented
+        return torch._decomp.decomposition_table[op](*args, **kwargs)
+
+    return decompose
+
+
 def hardtanh_backward(grad: torch.Tensor, x: torch.Tensor, min_val: float, max_val: float) -> Any:
     """``hardtanh_backward`` outside float32 as one select; the exporter's translation is
     ill-typed there. NaN inputs follow eager's CPU kernels, which differ by dtype: float16 and
@@ -474,6 +488,7 @@ DECOMPOSITIONS = {
     _aten._native_batch_norm_legit_no_training.default: batch_norm_no_training,
     _aten.native_layer_norm.default: layer_norm_low_precision,
     _aten.hardtanh_backward.default: hardtanh_backward,
+    **{op: _full_precision_only(op) for op in (_aten.soft_margin_loss.default, _aten.soft_margin_loss_backward.default)},
     _aten._safe_softmax.default: safe_softmax,
     _aten.native_batch_norm.default: native_batch_norm,
     _aten._adaptive_avg_pool2d_backward.default: adaptive_avg_pool2d_backward,

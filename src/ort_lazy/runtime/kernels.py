@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ._ort import kernel_defs
+from .quirks import missing_at_run_time
 
 __all__ = ["KernelRegistry", "kernel_registry", "UnsupportedNode", "unsupported_nodes", "node_bindings", "node_opset", "type_str"]
 
@@ -58,11 +59,13 @@ class KernelRegistry:
         opset: int,
         providers: Sequence[str],
         bindings: dict[str, str],
+        exact: bool = False,
     ) -> bool:
         """Whether a kernel exists on any of ``providers`` for the type ``bindings``.
 
         ``bindings`` maps type-constraint names (``T``) to ONNX type strings
-        (``tensor(float)``); constraints the kernel leaves open are not checked.
+        (``tensor(float)``); constraints the kernel leaves open are not checked. Unless
+        ``exact``, a float16 node the CPU provider runs through its own inserted casts counts.
         """
         domain = _norm_domain(domain)
         for provider in providers:
@@ -71,7 +74,7 @@ class KernelRegistry:
                     continue
                 if _matches(constraints, bindings):
                     return True
-                if provider == "CPUExecutionProvider":
+                if provider == "CPUExecutionProvider" and not exact:
                     cast = {k: _CPU_CASTABLE.get(v, v) for k, v in bindings.items()}
                     if cast != bindings and _matches(constraints, cast):
                         return True
@@ -158,7 +161,8 @@ def unsupported_nodes(model: object, providers: Sequence[str]) -> list[Unsupport
             if not registry.knows(domain, node.op_type):  # type: ignore[attr-defined]
                 continue  # function-expanded or unknown: session creation decides
             bindings = node_bindings(node, domain, opset)
-            if not registry.has_kernel(domain, node.op_type, opset, providers, bindings):  # type: ignore[attr-defined]
+            refused = all(missing_at_run_time(node, p) for p in providers)
+            if refused or not registry.has_kernel(domain, node.op_type, opset, providers, bindings):  # type: ignore[attr-defined]
                 bad.append(
                     UnsupportedNode(
                         node.op_type,  # type: ignore[attr-defined]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["disabled_optimizers", "MATMUL_TRANSPOSE_FUSION"]
+__all__ = ["disabled_optimizers", "MATMUL_TRANSPOSE_FUSION", "missing_at_run_time"]
 
 #: ORT's MatmulTransposeFusion folds a Transpose into a MatMul (FusedMatMul with transA/transB).
 #: With a 1-D operand on the other side it computes the wrong product (onnxruntime 1.32:
@@ -58,3 +58,24 @@ def _has_vector_matmul(proto: Any) -> bool:
         if any(n.op_type == "MatMul" for n in function.node):
             return True
     return False
+
+
+#: ORT's CPU ScatterElements / ScatterND registers float16 and bfloat16 kernels but refuses a
+#: reduction other than "none" for them when it runs ("MLFloat16 data type is not supported with
+#: ScatterElements opset 16 when reduction is 'add'"): scatter_add, scatter_reduce and index_add
+#: in those dtypes are treated as having no kernel, so they stay in PyTorch up front.
+_REDUCING_SCATTERS = {"ScatterElements", "ScatterND"}
+
+
+def missing_at_run_time(node: Any, provider: str) -> bool:
+    """Whether ORT's ``provider`` has a registered kernel for this ``onnx_ir`` node that still
+    refuses it at run time (see the entries above)."""
+    import onnx_ir as ir
+
+    if provider != "CPUExecutionProvider" or node.op_type not in _REDUCING_SCATTERS:
+        return False
+    reduction = node.attributes.get("reduction")
+    if reduction is None or reduction.value in ("none", b"none"):
+        return False
+    low = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+    return any(v is not None and v.dtype in low for v in node.inputs)
