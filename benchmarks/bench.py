@@ -351,27 +351,52 @@ def _error_text(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}".strip()
 
 
-def _configure_torch(inductor_cache: bool) -> None:
+@contextlib.contextmanager
+def _torch_configured(inductor_cache: bool) -> Iterator[None]:
+    """torch set up for the run, restored after it: dynamo's recompile limits raised (every
+    model and mode recompiles) and, unless ``inductor_cache``, Inductor's caches off in a
+    private directory (so its first call is cold). Nothing leaks into the caller's process."""
+    import shutil
+    import tempfile
+
     import torch._dynamo
+
+    saved: list[tuple[Any, str, Any]] = []
+
+    def set_(obj: Any, name: str, value: Any) -> None:
+        if hasattr(obj, name):
+            saved.append((obj, name, getattr(obj, name)))
+            setattr(obj, name, value)
 
     for name in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit", "accumulated_recompile_limit"):
         if hasattr(torch._dynamo.config, name):
-            setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 256))
+            set_(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 256))
+    env_before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    private_dir = None
     if not inductor_cache:
         # A private, empty cache directory: kernels compiled by an earlier run are not reused.
-        import tempfile
-
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="ort-lazy-bench-inductor-")
+        private_dir = tempfile.mkdtemp(prefix="ort-lazy-bench-inductor-")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = private_dir
         with contextlib.suppress(Exception):
             import torch._inductor.config as inductor_config
 
-            inductor_config.fx_graph_cache = False
-            if hasattr(inductor_config, "force_disable_caches"):
-                inductor_config.force_disable_caches = True
+            set_(inductor_config, "fx_graph_cache", False)
+            set_(inductor_config, "force_disable_caches", True)
         with contextlib.suppress(Exception):
             import torch._functorch.config as functorch_config
 
-            functorch_config.enable_autograd_cache = False
+            set_(functorch_config, "enable_autograd_cache", False)
+    try:
+        yield
+    finally:
+        for obj, name, value in reversed(saved):
+            setattr(obj, name, value)
+        if private_dir is not None:
+            if env_before is None:
+                os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+            else:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = env_before
+            shutil.rmtree(private_dir, ignore_errors=True)
 
 
 def _prime(backends: Sequence[str], ort_options: dict[str, Any], log: Callable[[str], None]) -> dict[str, float]:
@@ -655,13 +680,17 @@ def format_table(rows: Sequence[Row]) -> str:
     return "\n".join(out)
 
 
-def format_targets(results: Sequence[dict[str, Any]]) -> str:
-    """The target check as text lines."""
+def format_targets(results: Sequence[dict[str, Any]], informational: bool = False) -> str:
+    """The target check as text lines; ``informational`` (``--quick``: too few calls to judge
+    speed) shows each value against its target without a verdict."""
     if not results:
         return "targets: none measured (needs the mlp/transformer rows with eager, ort, floor, inductor)"
-    lines = ["targets:"]
+    if informational:
+        lines = ["targets (informational only: --quick times too few calls to judge them):"]
+    else:
+        lines = ["targets:"]
     for t in results:
-        mark = "met " if t["met"] else "MISS"
+        mark = "info" if informational else ("met " if t["met"] else "MISS")
         lines.append(f"  [{mark}] {t['target']}: {t['value']:.3f} (target <= {t['limit']:.2f})")
     return "\n".join(lines)
 
@@ -778,6 +807,7 @@ def run_suite(args: argparse.Namespace, log: Callable[[str], None]) -> tuple[lis
         unknown = [c for c in chosen if c not in known]
         if unknown:
             raise SystemExit(f"unknown {kind}(s) {unknown}; choose from {', '.join(known)}")
+    threads_before = torch.get_num_threads()
     if args.threads is not None:
         if args.threads < 1:
             raise SystemExit("--threads must be >= 1")
@@ -785,7 +815,24 @@ def run_suite(args: argparse.Namespace, log: Callable[[str], None]) -> tuple[lis
     threads = torch.get_num_threads()
     # ort-lazy follows torch's thread count itself (and uses one thread for small regions)
     ort_options: dict[str, Any] = {}
-    _configure_torch(args.inductor_cache)
+    try:
+        with _torch_configured(args.inductor_cache):
+            return _run_models(args, models, modes, backends, threads, ort_options, log)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _run_models(
+    args: argparse.Namespace,
+    models: list[str],
+    modes: list[str],
+    backends: list[str],
+    threads: int,
+    ort_options: dict[str, Any],
+    log: Callable[[str], None],
+) -> tuple[list[Row], dict[str, Any]]:
+    from ort_lazy.models import BUILTIN
+
     rss = _Rss()
     started = time.perf_counter()
     prime = _prime(backends, ort_options, log)
@@ -853,14 +900,14 @@ def main(argv: list[str] | None = None) -> int:
     targets = check_targets(rows)
     print(format_table(rows))
     print()
-    print(format_targets(targets))
+    print(format_targets(targets, informational=args.quick))
     print(f"threads={meta['threads']}  torch {meta['versions'].get('torch')}  onnxruntime "
           f"{meta['versions'].get('onnxruntime')}  wall {meta['wall_s']:.0f} s  load average "
           f"{' '.join(f'{x:.1f}' for x in meta['load_average'] or [])}")
     if args.json_path:
         path = Path(args.json_path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        payload = {"meta": meta, "rows": [dataclasses.asdict(r) for r in rows], "targets": targets}
+        payload = {"meta": {**meta, "quick": bool(args.quick)}, "rows": [dataclasses.asdict(r) for r in rows], "targets": targets}
         path.write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
         print(f"JSON: {path}")
     if args.png_path:

@@ -114,7 +114,7 @@ def test_explain_lists_known_fallback_with_reason():
         "no ORT kernel for these dtypes on this provider: Mul(tensor(bfloat16))": 1
     }
     text = str(report)
-    assert "fix:" in text and "0/1 ops on ORT" in text
+    assert "fix:" in text and "0/1 compute ops of the captured graphs on ORT" in text
 
 
 def test_explain_training_graph_is_fully_on_ort_but_mutations():
@@ -158,7 +158,7 @@ def test_cli_explain_builtin_and_factory(tmp_path, capsys, monkeypatch):
     )
     monkeypatch.chdir(tmp_path)
     assert cli.main(["explain", "usermodel:make"]) == 0
-    assert "ops on ORT" in capsys.readouterr().out
+    assert "compute ops of the captured graphs on ORT" in capsys.readouterr().out
 
 
 def test_cli_bench_delegates(capsys):

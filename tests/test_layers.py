@@ -5,6 +5,7 @@ Imports inside functions count: a circle deferred to call time is still a circle
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import grimp
@@ -67,5 +68,13 @@ def test_circle_finder_finds_a_circle() -> None:
 
 
 def test_layer_contract_is_kept() -> None:
-    code = importlinter_cli.lint_imports(config_filename=str(ROOT / "pyproject.toml"), no_cache=True, no_logo=True)
+    # lint_imports configures logging with dictConfig, which disables every logger that exists
+    # (ort_lazy's warnings would vanish for the rest of this pytest worker): put them back
+    loggers = [lg for lg in logging.root.manager.loggerDict.values() if isinstance(lg, logging.Logger)]
+    disabled = {lg: lg.disabled for lg in loggers}
+    try:
+        code = importlinter_cli.lint_imports(config_filename=str(ROOT / "pyproject.toml"), no_cache=True, no_logo=True)
+    finally:
+        for lg, was in disabled.items():
+            lg.disabled = was
     assert code == 0, "a module imports from a layer above its own (run `lint-imports` for details)"

@@ -89,3 +89,46 @@ def test_invalid_option_through_torch_compile_is_clear():
 def test_provider_aliases_and_order():
     assert Options(providers="cuda,cpu").providers == ("CUDAExecutionProvider", "CPUExecutionProvider")
     assert Options(providers=["CPUExecutionProvider"]).providers == ("CPUExecutionProvider",)
+
+
+@pytest.mark.parametrize(
+    "value,words",
+    [
+        ("aten.reluu", ["torch has no operator 'aten.reluu'", "did you mean aten.relu"]),
+        ("aten::reluu", ["'aten::reluu'", "did you mean aten.relu"]),
+        ("aten.add.Tensr", ["aten.add has no overload 'Tensr'", "did you mean aten.add.Tensor"]),
+        ("sigmoidd", ["did you mean aten.sigmoid"]),
+        ("aten.", ["torch has no operator"]),
+    ],
+)
+def test_torch_executed_ops_are_checked_against_torch(value, words):
+    with pytest.raises(OptionsError) as e:
+        Options(torch_executed_ops=value)
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_session_options_enum_names_and_config_entries():
+    import onnxruntime
+
+    from ort_lazy.options import apply_session_options
+
+    so = onnxruntime.SessionOptions()
+    apply_session_options(so, {"graph_optimization_level": "enable_basic", "execution_mode": 1, "session.x.y": True})
+    assert so.graph_optimization_level == onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    assert so.execution_mode == onnxruntime.ExecutionMode.ORT_PARALLEL
+    assert so.get_session_config_entry("session.x.y") == "1"
+    with pytest.raises(OptionsError, match="did you mean enable_mem_pattern"):
+        Options(session_options={"enable_mem_patern": False})
+
+
+def test_unknown_variables_suggest_the_closest_name():
+    from ort_lazy.options import unknown_variables
+
+    found = dict(unknown_variables({"ORT_LAZY_DYNMAIC": "0", "ORT_LAZY_METRICS_FILE": "x", "ORT_LAZY_DYNAMIC": "1", "OTHER": "1"}))
+    assert list(found) == ["ORT_LAZY_DYNMAIC"] and "did you mean ORT_LAZY_DYNAMIC?" in found["ORT_LAZY_DYNMAIC"]
+
+
+def test_replace_refuses_unknown_fields():
+    with pytest.raises(OptionsError, match="unknown option"):
+        Options().replace(min_blocksize=2)

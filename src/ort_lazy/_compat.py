@@ -26,6 +26,8 @@ __all__ = [
     "insert_type_promotion",
     "new_ir_model",
     "finalize_ir_model",
+    "graph_break_counts",
+    "graph_break_of",
 ]
 
 #: (major, minor) torch versions whose private exporter APIs this module was checked against.
@@ -77,13 +79,6 @@ def dynamo_control_exceptions() -> tuple[type[BaseException], ...]:
     return tuple(getattr(exc, n) for n in names if isinstance(getattr(exc, n, None), type))
 
 
-def dynamo_graph_breaks() -> dict[str, int]:
-    """Dynamo's graph-break reasons seen in this process, with counts."""
-    from torch._dynamo.utils import counters
-
-    return dict(counters["graph_break"])
-
-
 def on_dynamo_frame_compiled(callback: Any) -> None:
     """Call ``callback()`` each time dynamo finishes converting a Python frame (any backend)."""
     torch._dynamo.callback_handler.register_end_callback(lambda _args: callback())
@@ -127,6 +122,32 @@ def dynamo_skips(code: Any) -> bool:
     from torch._dynamo import trace_rules
 
     return bool(trace_rules.check(code))
+
+
+def graph_break_counts() -> dict[str, dict[str, int]]:
+    """Dynamo's counts so far in this process, per reason: ``graph_break`` (dynamo split the
+    frame there) and ``unimplemented`` (it gave up on the whole frame, which runs in Python);
+    empty when this torch keeps none."""
+    try:
+        from torch._dynamo.utils import counters
+
+        return {
+            category: {str(k): int(v) for k, v in counters[category].items()}
+            for category in ("graph_break", "unimplemented")
+        }
+    except Exception:
+        return {}
+
+
+def graph_break_of(gm: torch.fx.GraphModule) -> tuple[str, str | None, int | None] | None:
+    """``(reason, file, line)`` of the graph break that ended the dynamo graph ``gm`` (the code
+    there runs in Python), or None when ``gm`` did not end at a graph break."""
+    reason = getattr(gm, "compile_subgraph_reason", None)
+    if reason is None or not getattr(reason, "graph_break", False):
+        return None
+    stack = list(getattr(reason, "user_stack", None) or [])
+    frame = stack[-1] if stack else None
+    return str(getattr(reason, "reason", "")), getattr(frame, "filename", None), getattr(frame, "lineno", None)
 
 
 def tracing_context(fake_mode: Any) -> Any:

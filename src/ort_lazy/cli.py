@@ -123,13 +123,27 @@ def _jit_row(name: str, model: Any, inputs: tuple[Any, ...], reps: int) -> dict[
     from . import jit, metrics
 
     metrics.reset()
+    start = time.perf_counter()
     scripted = torch.jit.trace(copy.deepcopy(model), inputs, check_trace=False)
     with jit.enable():
-        start = time.perf_counter()
-        out = scripted(*inputs)
+        # TorchScript's profiling executor runs the first call(s) as they are and fuses the
+        # ORT groups after: the first call that matters is the one ORT first runs in
+        out, calls = _until_ort_runs(lambda: scripted(*inputs))
         first = time.perf_counter() - start
         call = _time(lambda: scripted(*inputs), reps)
-    return {"out": out, "first_s": first, "call_s": call, "counters": metrics.counters()}
+    return {"out": out, "first_s": first, "first_calls": calls, "call_s": call, "counters": metrics.counters()}
+
+
+def _until_ort_runs(call: Callable[[], Any], limit: int = 5) -> tuple[Any, int]:
+    """Call until ORT has run (at most ``limit`` calls); the last output and the calls made."""
+    from . import metrics
+
+    calls = 0
+    while True:
+        out = call()
+        calls += 1
+        if calls >= limit or metrics.counters()["ort_runs"] > 0:
+            return out, calls
 
 
 def _lazy_row(name: str, model: Any, inputs: tuple[Any, ...], reps: int) -> dict[str, Any]:
@@ -147,13 +161,14 @@ def _lazy_row(name: str, model: Any, inputs: tuple[Any, ...], reps: int) -> dict
     def step() -> Any:
         out = m(*lazy_inputs)
         torch._lazy.mark_step()
+        torch._lazy.wait_device_ops()  # mark_step only starts the step: time it to its end
         return out
 
     start = time.perf_counter()
-    out = step()
+    out, calls = _until_ort_runs(step)  # as for jit: TorchScript runs the step's graph first
     first = time.perf_counter() - start
     call = _time(step, reps)
-    return {"out": out.to("cpu"), "first_s": first, "call_s": call, "counters": metrics.counters()}
+    return {"out": out.to("cpu"), "first_s": first, "first_calls": calls, "call_s": call, "counters": metrics.counters()}
 
 
 _DOORS: dict[str, Callable[..., dict[str, Any]]] = {
@@ -189,7 +204,12 @@ def demo(models: Sequence[str] | None = None, doors: Sequence[str] | None = None
             for door in doors:
                 row: dict[str, Any] = {"model": name, "door": door, "eager_ms": eager * 1e3}
                 if door in _BRIDGE_DOORS and (not bridge or name not in _BRIDGE_MODELS):
-                    row["status"] = "bridge not built" if not bridge else "n/a"
+                    if not bridge:
+                        row["status"] = "bridge not built"
+                        row["note"] = "build it: python build.py --enable_lazy_tensor"
+                    else:
+                        row["status"] = "n/a"
+                        row["note"] = f"the {door} demo runs only {', '.join(sorted(_BRIDGE_MODELS))} (graphs TorchScript keeps whole)"
                     rows.append(row)
                     continue
                 try:
@@ -206,6 +226,7 @@ def demo(models: Sequence[str] | None = None, doors: Sequence[str] | None = None
                         "max_abs_err": err,
                         "ort_ms": result["call_s"] * 1e3,
                         "first_call_s": result["first_s"],
+                        "first_calls": result.get("first_calls", 1),
                         "ratio_vs_eager": result["call_s"] / eager if eager else float("nan"),
                         "ort_runs": counters["ort_runs"],
                         "fallback_ops": counters["fallback_ops"],
@@ -213,41 +234,105 @@ def demo(models: Sequence[str] | None = None, doors: Sequence[str] | None = None
                 )
                 if counters["ort_runs"] == 0:
                     row["status"] = "ORT did not run"
+                    row["note"] = "every op fell back: see ort-lazy explain " + name
                 rows.append(row)
-    _print_table(rows, out)
+    _print_table(rows, out, reps)
     return rows
 
 
-def _print_table(rows: list[dict[str, Any]], out: Any) -> None:
-    header = f"{'model':<12}{'door':<8}{'status':<18}{'max err':>10}{'eager ms':>10}{'ort ms':>10}{'ratio':>8}{'1st call s':>11}{'ort runs':>9}"
+#: What each column of the demo table means.
+LEGEND = (
+    "status      ok: the output matches eager PyTorch (max err <= 1e-3 x its largest value); MISMATCH: it does not;\n"
+    "            ORT did not run: every op stayed in PyTorch; n/a / bridge not built: not run (reason shown)",
+    "max err     largest absolute difference from eager PyTorch's output",
+    "eager ms    median time of one call in eager PyTorch ({reps} timed calls after warm-up)",
+    "ort ms      median time of one call through the front door, supported parts on ORT",
+    "ratio       ort ms / eager ms: below 1.00x is faster than eager",
+    "1st call s  the first call, compiling included; jit and lazy: the calls until ORT first ran, shown as\n"
+    "            (n) (TorchScript's executor runs a graph as it is before it fuses ORT groups into it)",
+    "ort runs    ORT session runs over every call of the row",
+)
+
+
+def _print_table(rows: list[dict[str, Any]], out: Any, reps: int = 20) -> None:
+    header = f"{'model':<12}{'door':<8}{'status':<18}{'max err':>10}{'eager ms':>10}{'ort ms':>10}{'ratio':>8}{'1st call s':>13}{'ort runs':>9}"
     print(header, file=out)
     print("-" * len(header), file=out)
     for r in rows:
         if "ort_ms" not in r:
-            print(f"{r['model']:<12}{r['door']:<8}{r['status']:<18}", file=out)
+            print(f"{r['model']:<12}{r['door']:<8}{r['status']:<18}{r.get('note', '')}", file=out)
             continue
+        calls = r.get("first_calls", 1)
+        first = f"{r['first_call_s']:.2f}" + (f" ({calls})" if calls > 1 else "")
         print(
             f"{r['model']:<12}{r['door']:<8}{r['status']:<18}{r['max_abs_err']:>10.2e}{r['eager_ms']:>10.3f}"
-            f"{r['ort_ms']:>10.3f}{r['ratio_vs_eager']:>7.2f}x{r['first_call_s']:>11.2f}{r['ort_runs']:>9}",
+            f"{r['ort_ms']:>10.3f}{r['ratio_vs_eager']:>7.2f}x{first:>13}{r['ort_runs']:>9}",
             file=out,
         )
+        if r.get("note"):
+            print(f"{'':<20}{r['note']}", file=out)
+    print("", file=out)
+    for line in LEGEND:
+        print(line.format(reps=reps), file=out)
+
+
+def _import_target(module_name: str) -> Any:
+    """The module ``module_name`` names: a dotted module found from the working directory or
+    ``sys.path``, or a ``.py`` file (relative to the working directory or absolute)."""
+    import importlib.util
+
+    looks_like_file = module_name.endswith(".py") or "/" in module_name or "\\" in module_name
+    if looks_like_file:
+        path = Path(module_name).expanduser()
+        path = path if path.is_absolute() else Path.cwd() / path
+        if not path.is_file():
+            raise SystemExit(f"ort-lazy explain: no such file: {path}")
+        folder = str(path.parent.resolve())
+        if folder not in sys.path:
+            sys.path.insert(0, folder)  # the file's own imports of its neighbours work
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        if spec is None or spec.loader is None:
+            raise SystemExit(f"ort-lazy explain: cannot load {path} as a Python module")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[path.stem] = module
+        spec.loader.exec_module(module)
+        return module
+    cwd = str(Path.cwd())
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    importlib.invalidate_caches()  # a module written since the interpreter started is found too
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name is not None and module_name.startswith(e.name) and (module_name == e.name or module_name[len(e.name)] == "."):
+            raise SystemExit(
+                f"ort-lazy explain: no module named {module_name!r} in the working directory ({cwd}) or on sys.path; "
+                "give a dotted module name or a path to a .py file, e.g. models/my_model.py:make"
+            ) from None
+        raise  # the user's module itself failed to import something
 
 
 def _load_factory(target: str) -> tuple[Any, tuple[Any, ...]]:
-    """``module:attribute`` naming a factory returning ``model`` or ``(model, example_inputs)``."""
-    module_name, _, attr = target.partition(":")
-    if not attr:
+    """``module:attribute`` naming a factory returning ``(model, example_inputs)``."""
+    module_name, _, attr = target.rpartition(":")
+    if not module_name or not attr:
         raise SystemExit(f"ort-lazy explain: expected a built-in model name or module:attribute, got {target!r}")
-    sys.path.insert(0, str(Path.cwd()))
-    obj = getattr(importlib.import_module(module_name), attr)
+    obj = _import_target(module_name)
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise SystemExit(f"ort-lazy explain: {module_name} has no attribute {attr!r}") from None
     made = obj() if callable(obj) and not hasattr(obj, "forward") else obj
     if isinstance(made, tuple) and len(made) == 2:
         model, inputs = made
         return model, tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
-    raise SystemExit(f"ort-lazy explain: {target} must return (model, example_inputs)")
+    raise SystemExit(f"ort-lazy explain: {target} must return (model, example_inputs), got {type(made).__name__}")
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
+    import difflib
+
     from .frontends.explain import explain
     from .models import BUILTIN, get
 
@@ -256,6 +341,13 @@ def _cmd_explain(args: argparse.Namespace) -> int:
         model, inputs = spec.make(), spec.inputs()
         if not args.train:
             model.eval()
+    elif ":" not in args.model:
+        close = difflib.get_close_matches(args.model, list(BUILTIN), n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise SystemExit(
+            f"ort-lazy explain: unknown built-in model {args.model!r}; {hint}built-in: {', '.join(BUILTIN)}; "
+            "or give module:factory (a factory returning (model, example_inputs))"
+        )
     else:
         model, inputs = _load_factory(args.model)
     report = explain(model, *inputs, backward=args.train)
@@ -285,7 +377,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_demo.add_argument("--reps", type=int, default=20)
     p_demo.add_argument("--json", default=None, help="also write the rows to this JSON file")
     p_explain = sub.add_parser("explain", help="what runs on ORT and why the rest does not")
-    p_explain.add_argument("model", help="a built-in model name or module:attribute returning (model, inputs)")
+    p_explain.add_argument(
+        "model", help="a built-in model name, or module:factory / path/to/file.py:factory returning (model, inputs)"
+    )
     p_explain.add_argument("--train", action="store_true", help="also compile and explain the backward graph")
     p_explain.add_argument("--json", action="store_true")
     sub.add_parser("bench", help="the benchmark suite (arguments are passed on)", add_help=False)

@@ -228,9 +228,9 @@ def append_compile_record(record: dict[str, Any]) -> None:
     path = os.environ.get("ORT_LAZY_METRICS_FILE")
     if not path:
         return
-    line = json.dumps(record, sort_keys=True, default=str)
     try:
+        line = json.dumps(record, sort_keys=True, default=str)
         with _lock, open(path, "a", encoding="utf-8") as f:
             f.write(line + "\n")
-    except OSError as e:  # a metrics problem never changes what runs where
+    except Exception as e:  # a metrics problem never changes what runs where, nor counts as a failure
         warn_once(f"metrics-file:{path}", "ort-lazy: cannot append to ORT_LAZY_METRICS_FILE=%s: %s", path, e)

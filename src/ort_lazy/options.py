@@ -9,12 +9,33 @@ accepted values.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import os
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["Options", "OptionsError", "RUN_TYPES", "KNOWN_PROVIDERS"]
+from . import metrics
+
+__all__ = [
+    "Options",
+    "OptionsError",
+    "RUN_TYPES",
+    "KNOWN_PROVIDERS",
+    "ENV_PREFIX",
+    "ENV_VARIABLES",
+    "apply_session_options",
+    "unknown_variables",
+]
+
+#: Prefix of every environment variable ort-lazy reads.
+ENV_PREFIX = "ORT_LAZY_"
+
+#: ``ORT_LAZY_*`` variables that are not :class:`Options` fields, and what reads them.
+ENV_VARIABLES = {
+    "ORT_LAZY_METRICS_FILE": "one JSON line per compiled graph is appended to this file",
+    "ORT_LAZY_ENABLE_NVTX": "build.py: compile NVTX ranges into the bridge",
+}
 
 #: Run types: ``ort`` runs supported regions on ORT; ``pytorch`` captures as usual but runs
 #: every region in PyTorch; ``debug`` runs both and compares.
@@ -112,6 +133,8 @@ class Options:
             _set(self, "providers", _parse_providers(self.providers, "providers"))
         _set(self, "provider_options", _parse_mapping(self.provider_options, "provider_options"))
         _set(self, "session_options", _parse_mapping(self.session_options, "session_options"))
+        if self.session_options:
+            _check_session_options(self.session_options)
         _set(self, "min_block_size", _parse_int(self.min_block_size, "min_block_size", 1))
         _set(self, "cache_size", _parse_int(self.cache_size, "cache_size", 1))
         _set(self, "torch_executed_ops", _parse_ops(self.torch_executed_ops, "torch_executed_ops"))
@@ -142,9 +165,11 @@ class Options:
             raise OptionsError(
                 f"unknown option(s) {sorted(unknown)}; accepted: {', '.join(sorted(names))}"
             )
+        for var, message in unknown_variables(env):
+            metrics.warn_once(f"env:{var}", "ort-lazy: %s", message)
         values: dict[str, Any] = {}
         for name in names:
-            var = "ORT_LAZY_" + name.upper()
+            var = ENV_PREFIX + name.upper()
             if var in env and env[var] != "":
                 values[name] = (var, env[var])
         kwargs: dict[str, Any] = {}
@@ -159,6 +184,10 @@ class Options:
 
     def replace(self, **changes: Any) -> Options:
         """A copy with ``changes`` applied (validated)."""
+        names = {f.name for f in dataclasses.fields(self)}
+        unknown = set(changes) - names
+        if unknown:
+            raise OptionsError(f"unknown option(s) {sorted(unknown)}; accepted: {', '.join(sorted(names))}")
         return dataclasses.replace(self, **changes)
 
     def resolve_providers(self, device: Any) -> tuple[str, ...]:
@@ -255,8 +284,33 @@ def _parse_ops(value: Any, name: str) -> frozenset[str]:
         text = str(item).strip()
         if not text:
             continue
-        out.add(normalize_op_name(text))
+        op = normalize_op_name(text)
+        _check_op(op, text, name)
+        out.add(op)
     return frozenset(out)
+
+
+def _check_op(op: str, text: str, name: str) -> None:
+    """Raise :class:`OptionsError` unless torch has the operator (or overload) ``op`` names."""
+    import torch
+
+    from .opnames import lookup, suggest
+
+    found = lookup(op)
+    if isinstance(found, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return
+    parts = op.split(".")
+    packet = lookup(".".join(parts[:2])) if len(parts) == 3 else None
+    if isinstance(packet, torch._ops.OpOverloadPacket):
+        overloads = [o or "default" for o in packet.overloads()]
+        close = difflib.get_close_matches(parts[2], overloads, n=3, cutoff=0.6)
+        hint = f"did you mean {', '.join(f'{parts[0]}.{parts[1]}.{o}' for o in close)}?" if close else (
+            f"its overloads: {', '.join(sorted(overloads))}"
+        )
+        raise OptionsError(f"{name}: {parts[0]}.{parts[1]} has no overload {parts[2]!r} ({text!r}); {hint}")
+    close = suggest(op) if "." in op else suggest(f"aten.{op}")
+    hint = f"did you mean {', '.join(close)}?" if close else "expected names like aten.relu, aten.relu.default or aten::relu"
+    raise OptionsError(f"{name}: torch has no operator {text!r}; {hint}")
 
 
 def normalize_op_name(name: str) -> str:
@@ -265,3 +319,78 @@ def normalize_op_name(name: str) -> str:
     if text.startswith("torch.ops."):
         text = text[len("torch.ops.") :]
     return text.replace("::", ".")
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[tuple[str, str]]:
+    """``(variable, message)`` for every ``ORT_LAZY_*`` variable in ``environ`` that ort-lazy does
+    not read (a typo would otherwise be ignored); the message suggests the closest known name."""
+    known = [ENV_PREFIX + f.name.upper() for f in dataclasses.fields(Options)] + list(ENV_VARIABLES)
+    out = []
+    for var in sorted(environ):
+        if not var.startswith(ENV_PREFIX) or var in known:
+            continue
+        close = difflib.get_close_matches(var, known, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]}?" if close else f"known: {', '.join(sorted(known))}"
+        out.append((var, f"unknown environment variable {var} is ignored; {hint}"))
+    return out
+
+
+def _session_option_names(cls: type) -> list[str]:
+    return sorted(a for a in dir(cls) if not a.startswith("_") and isinstance(getattr(cls, a, None), property))
+
+
+def apply_session_options(so: Any, session_options: Mapping[str, Any]) -> None:
+    """Apply ``session_options`` to an ``onnxruntime.SessionOptions``.
+
+    Keys with a dot are session config entries (``session.intra_op.allow_spinning``; booleans
+    become ``1``/``0``); other keys must be ``SessionOptions`` attributes, enum-valued ones also
+    accept the member's name (``"ORT_ENABLE_BASIC"``).
+
+    Raises:
+        OptionsError: an unknown key (with the closest names) or a value ORT rejects.
+    """
+    cls = type(so)
+    names = _session_option_names(cls)
+    for key, value in session_options.items():
+        if "." in key:
+            text = ("1" if value else "0") if isinstance(value, bool) else str(value)
+            try:
+                so.add_session_config_entry(key, text)
+            except Exception as e:  # ORT refuses the entry
+                raise OptionsError(f"session_options: config entry {key}={value!r} rejected by ORT: {e}") from None
+            continue
+        if key not in names:
+            close = difflib.get_close_matches(key, names, n=3, cutoff=0.6)
+            hint = f"did you mean {', '.join(close)}?" if close else f"accepted: {', '.join(names)}"
+            raise OptionsError(
+                f"session_options: onnxruntime.SessionOptions has no attribute {key!r}; {hint} "
+                "(session config entries are keys with a dot, e.g. session.intra_op.allow_spinning)"
+            )
+        current = getattr(so, key)
+        members = getattr(type(current), "__members__", None)
+        if members and isinstance(value, str):
+            wanted = value.strip().upper().removeprefix("ORT_")
+            match = next((m for m in members if m.removeprefix("ORT_") == wanted), None)
+            if match is None:
+                raise OptionsError(f"session_options: {key}={value!r}; accepted: {', '.join(members)}")
+            value = members[match]
+        elif members and isinstance(value, int) and not isinstance(value, bool):
+            match = next((m for m, v in members.items() if int(v) == value), None)
+            if match is None:
+                raise OptionsError(f"session_options: {key}={value!r}; accepted: {', '.join(members)}")
+            value = members[match]
+        try:
+            setattr(so, key, value)
+        except (TypeError, ValueError, RuntimeError):
+            expected = type(current).__name__
+            raise OptionsError(f"session_options: {key}={value!r} rejected by ORT (expected: {expected})") from None
+
+
+def _check_session_options(session_options: Mapping[str, Any]) -> None:
+    """Apply ``session_options`` to a throwaway ``SessionOptions``, so a bad key or value is an
+    :class:`OptionsError` when the options are made, not a fallback at session creation."""
+    try:
+        import onnxruntime
+    except ImportError:  # pragma: no cover - a missing onnxruntime is reported where it is needed
+        return
+    apply_session_options(onnxruntime.SessionOptions(), session_options)

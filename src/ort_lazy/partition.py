@@ -25,6 +25,7 @@ from .export.fx import export_graph
 from .opnames import op_name
 from .options import Options
 from .reasons import Reason
+from .runtime.flavour import provider_problem
 from .runtime.region import OrtRegion, compute_ops, dump, open_runner, report_fallback
 from .support import graph_reasons, save_support_table
 
@@ -120,6 +121,9 @@ def compile_graph(
     start = time.perf_counter()
     metrics.increment("graphs_compiled")
     providers = options.resolve_providers(graph_device(gm))
+    problem = provider_problem(providers)
+    if problem is not None:  # inferred from the tensors' device (explicit ones are checked earlier)
+        metrics.warn_once(f"providers:{providers}", "ort-lazy: %s; graphs on that device run in PyTorch", problem)
     reasons = _node_reasons(gm, options, providers)
     _record(reasons)
     record = new_record(tag)
@@ -129,9 +133,11 @@ def compile_graph(
 
     partitioner = CapabilityBasedPartitioner(gm, _Support(reasons), allows_single_node_partition=True)
     kept = []
+    too_small = 0  # compute ops of the largest region min_block_size kept off ORT
     for p in partitioner.propose_partitions():
         nodes = list(p.nodes)
         if _compute_nodes(nodes) < options.min_block_size:
+            too_small = max(too_small, _compute_nodes(nodes))
             for n in nodes:
                 if n.target is not operator.getitem:
                     metrics.record_fallback(op_name(n.target), Reason.SMALL_REGION)
@@ -139,6 +145,16 @@ def compile_graph(
             continue
         kept.append(p)
     if not kept:
+        if too_small:
+            metrics.warn_once(
+                f"min_block_size:{options.min_block_size}",
+                "ort-lazy: min_block_size=%d leaves nothing of the %s graph on ORT (its largest region ORT "
+                "could run has %d compute op(s)); lower min_block_size / ORT_LAZY_MIN_BLOCK_SIZE",
+                options.min_block_size,
+                tag,
+                too_small,
+            )
+        record.steps = _steps(gm, reasons, {}, tag)
         save_support_table(options.cache_dir)
         _finish(record, start)
         return gm
@@ -178,9 +194,36 @@ def compile_graph(
             for op in ops:
                 mark(record, op, Reason.EXPORT_FAILED + " / " + Reason.ORT_FAILED)
     fused.recompile()
+    record.steps = _steps(fused, reasons, {r["name"]: r for r in record.regions}, tag)
     save_support_table(options.cache_dir)
     _finish(record, start)
     return fused
+
+
+def _steps(
+    gm: torch.fx.GraphModule, reasons: dict[torch.fx.Node, str | None], regions: dict[str, dict[str, Any]], tag: str
+) -> list[dict[str, Any]]:
+    """What runs, in execution order (for explain): the entries of ``regions`` (by region name)
+    and ``{"pytorch": [(op, reason), ...]}`` for the ops between them."""
+    steps: list[dict[str, Any]] = []
+    for node in gm.graph.nodes:
+        entry = None
+        if node.op == "call_module":
+            entry = regions.get(f"{tag}_{node.target}")
+        elif node.op == "call_function" and isinstance(getattr(node.target, "__self__", None), OrtRegion):
+            entry = node.target.__self__.report
+        if entry is not None:
+            steps.append(entry)
+        elif node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+            reason = reasons.get(node, Reason.NO_MAPPING)
+            if reason == Reason.SYMBOLIC:
+                continue
+            if reason is None:  # supported, but in a region min_block_size kept off ORT
+                reason = Reason.SMALL_REGION
+            if not steps or "pytorch" not in steps[-1]:
+                steps.append({"pytorch": []})
+            steps[-1]["pytorch"].append((op_name(node.target), reason))
+    return steps
 
 
 def _finish(record: GraphRecord, start: float) -> None:

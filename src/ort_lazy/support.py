@@ -198,6 +198,15 @@ def static_reason(node: torch.fx.Node, options: Options) -> str | None:
     outs = _flat_metas(out_meta)
     if any(isinstance(o, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)) for o in outs):
         return Reason.SYMBOLIC
+    in_metas = [m for m in _flat_metas(torch.fx.node.map_aggregate(node.args, _meta))]
+    in_metas += _flat_metas(torch.fx.node.map_aggregate(node.kwargs, _meta))
+    tensors = [t for t in in_metas + outs if isinstance(t, torch.Tensor)]
+    # first: whatever else is true of the op, ORT cannot read these tensors (a factory op's
+    # device argument shows in its output)
+    if any(t.device.type not in _DEVICES for t in tensors) or any(
+        isinstance(v, torch.device) and v.type not in _DEVICES for v in in_metas
+    ):
+        return Reason.UNSUPPORTED_DEVICE
     if target._schema.is_mutable:
         return Reason.MUTATION
     if target in DISTRUSTED:
@@ -209,11 +218,6 @@ def static_reason(node: torch.fx.Node, options: Options) -> str | None:
             return f"{Reason.DISTRUSTED} ({why})"
     if target not in registered_ops(options.cache_dir):
         return Reason.NO_MAPPING
-    in_metas = [m for m in _flat_metas(torch.fx.node.map_aggregate(node.args, _meta))]
-    in_metas += _flat_metas(torch.fx.node.map_aggregate(node.kwargs, _meta))
-    tensors = [t for t in in_metas + outs if isinstance(t, torch.Tensor)]
-    if any(t.device.type not in _DEVICES for t in tensors):
-        return Reason.UNSUPPORTED_DEVICE
     if any(t.dtype not in _CARRIED for t in tensors):
         return Reason.UNSUPPORTED_DTYPE
     return NEEDS_PROBE

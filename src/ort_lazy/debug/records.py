@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..reasons import Reason, suggestion
 
-__all__ = ["GraphRecord", "recording", "new_record", "record_failure", "mark", "ExplainReport"]
+__all__ = ["GraphRecord", "GraphBreak", "recording", "new_record", "record_failure", "mark", "is_compute", "ExplainReport"]
 
 
 @dataclass
@@ -26,6 +27,64 @@ class GraphRecord:
     regions: list[dict[str, Any]] = field(default_factory=list)
     #: why the whole graph runs in PyTorch, when compiling it failed
     failure: str | None = None
+    #: what runs, in execution order: region entries (of ``regions``) and
+    #: ``{"pytorch": [(op, reason), ...]}`` for the ops between them
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    #: the dynamo graph (1-based, in the order dynamo captured them) this graph came from
+    dynamo_graph: int | None = None
+
+
+@dataclass
+class GraphBreak:
+    """A graph break: dynamo stopped capturing there and the code at it runs in Python."""
+
+    reason: str
+    file: str | None = None
+    line: int | None = None
+    #: the dynamo graph that ended at this break (None: no graph was captured before it)
+    after_graph: int | None = None
+    count: int = 1
+    #: False: dynamo gave up on the whole frame (function) there, which runs in Python
+    split: bool = True
+
+    @property
+    def summary(self) -> str:
+        """The reason in one line: what dynamo could not trace, and its first hint."""
+        lines = [ln.strip() for ln in self.reason.splitlines() if ln.strip()]
+        if not lines:
+            return "graph break"
+        text = lines[0]
+        explanation = next((ln[len("Explanation:") :].strip() for ln in lines if ln.startswith("Explanation:")), "")
+        hint = next((ln[len("Hint:") :].strip() for ln in lines if ln.startswith("Hint:")), "")
+        if explanation:
+            text += f": {explanation}"
+        if hint:
+            text += f" (hint: {hint})"
+        return text
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.line}" if self.file and self.line else "(location unknown)"
+
+    @property
+    def code(self) -> str:
+        """The source line at the break (what runs in Python), '' when unavailable."""
+        if not self.file or not self.line:
+            return ""
+        import linecache
+
+        return linecache.getline(self.file, self.line).strip()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "reason": self.summary,
+            "file": self.file,
+            "line": self.line,
+            "code": self.code,
+            "after_graph": self.after_graph,
+            "count": self.count,
+            "kind": "graph break" if self.split else "frame left to Python",
+        }
 
 
 _recorders: list[list[GraphRecord]] = []
@@ -69,19 +128,50 @@ def mark(record: GraphRecord, op: str, reason: str) -> None:
             return
 
 
+def is_compute(op: str) -> bool:
+    """Whether the aten op named ``op`` computes values (not a view, alias or detach: plumbing
+    that moves no data, left out of the share on ORT)."""
+    return op not in _PLUMBING and not _is_view(op)
+
+
+_PLUMBING = {"aten._unsafe_view.default", "aten.lift_fresh_copy.default", "aten.alias_copy.default"}
+
+
+@functools.lru_cache(maxsize=1024)
+def _is_view(op: str) -> bool:
+    from ..opnames import lookup
+
+    target = lookup(op)
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return False
+    if any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns):
+        return True
+    # functionalized views (``aten.t_copy`` for ``aten.t``) move data no more than their views
+    namespace, name, overload = (op.split(".") + [""])[:3]
+    if name.endswith("_copy") and name != "_to_copy":
+        return _is_view(f"{namespace}.{name[: -len('_copy')]}.{overload}")
+    return False
+
+
 @dataclass
 class ExplainReport:
-    """Partitions, the share of ops on ORT, and every op left to PyTorch with its reason."""
+    """Partitions in execution order, the share of compute ops on ORT, every op left to
+    PyTorch with its reason, and dynamo's graph breaks (code that runs in Python)."""
 
     graphs: list[GraphRecord] = field(default_factory=list)
+    graph_breaks: list[GraphBreak] = field(default_factory=list)
+    #: graphs dynamo captured (None: not known, e.g. a report built from records alone)
+    dynamo_graphs: int | None = None
 
     @property
     def ops_total(self) -> int:
-        return sum(len(g.ops) for g in self.graphs)
+        """Compute ops of every graph (views, detach and getitem plumbing left out)."""
+        return sum(1 for g in self.graphs for op, _ in g.ops if is_compute(op))
 
     @property
     def ops_on_ort(self) -> int:
-        return sum(1 for g in self.graphs for _, r in g.ops if r is None)
+        return sum(1 for g in self.graphs for op, r in g.ops if r is None and is_compute(op))
 
     @property
     def share_on_ort(self) -> float:
@@ -89,11 +179,11 @@ class ExplainReport:
 
     @property
     def fallbacks(self) -> dict[str, dict[str, int]]:
-        """op -> reason -> count, over every graph."""
+        """op -> reason -> count, over the compute ops of every graph."""
         out: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
         for g in self.graphs:
             for op, reason in g.ops:
-                if reason is not None:
+                if reason is not None and is_compute(op):
                     out[op][reason] += 1
         return {op: dict(c) for op, c in sorted(out.items())}
 
@@ -102,8 +192,18 @@ class ExplainReport:
             "ops_total": self.ops_total,
             "ops_on_ort": self.ops_on_ort,
             "share_on_ort": self.share_on_ort,
+            "dynamo_graphs": self.dynamo_graphs,
+            "graph_breaks": [b.as_dict() for b in self.graph_breaks],
             "graphs": [
-                {"tag": g.tag, "regions": g.regions, "ops": len(g.ops), "failure": g.failure} for g in self.graphs
+                {
+                    "tag": g.tag,
+                    "dynamo_graph": g.dynamo_graph,
+                    "regions": g.regions,
+                    "ops": sum(1 for op, _ in g.ops if is_compute(op)),
+                    "failure": g.failure,
+                    "steps": [_step_dict(s) for s in g.steps],
+                }
+                for g in self.graphs
             ],
             "fallbacks": [
                 {"op": op, "reason": reason, "count": n, "suggestion": suggestion(reason)}
@@ -113,24 +213,32 @@ class ExplainReport:
         }
 
     def __str__(self) -> str:
-        lines = [
-            f"ort-lazy explain: {self.ops_on_ort}/{self.ops_total} ops on ORT ({self.share_on_ort:.0%}), "
-            f"{len(self.graphs)} graph(s)"
-        ]
-        for g in self.graphs:
-            if g.failure is not None:
-                lines.append(f"  graph {g.tag}: runs in PyTorch, compiling it failed: {g.failure}")
-                lines.append(f"      fix: {suggestion(Reason.COMPILE_FAILED)}")
-                continue
-            on = sum(1 for r in g.regions if r["on_ort"])
-            lines.append(f"  graph {g.tag}: {len(g.ops)} ops, {on}/{len(g.regions)} region(s) on ORT")
-            for r in g.regions:
-                where = "ORT" if r["on_ort"] else "PyTorch (failed on ORT)"
-                tune = r.get("autotune")
-                if tune:
-                    where = "ORT" if tune["chosen"] == "ort" else "PyTorch (autotune)"
-                    where += f"; autotune: ORT {tune['ort_ms']:.3f} ms vs PyTorch {tune['pytorch_ms']:.3f} ms"
-                lines.append(f"    {r['name']}: {len(r['ops'])} ops on {where}")
+        breaks = sum(b.count for b in self.graph_breaks if b.split)
+        skipped = sum(b.count for b in self.graph_breaks if not b.split)
+        head = f"ort-lazy explain: {self.ops_on_ort}/{self.ops_total} compute ops of the captured graphs on ORT ({self.share_on_ort:.0%})"
+        count = self.dynamo_graphs if self.dynamo_graphs is not None else len(self.graphs)
+        head += f", {count} graph(s)"
+        if breaks:
+            head += f", {breaks} graph break(s): the code at each runs in Python, not on ORT"
+        if skipped:
+            head += f", {skipped} function(s) dynamo left to Python (not on ORT)"
+        lines = [head]
+        if self.dynamo_graphs == 0:
+            lines.append("  dynamo captured no graph: everything ran in Python / eager PyTorch")
+        for b in self.graph_breaks:
+            if b.after_graph is None:
+                lines += _break_lines(b)
+        for i, g in enumerate(self.graphs, 1):
+            lines += _graph_lines(i, g)
+            last = i == len(self.graphs) or self.graphs[i].dynamo_graph != g.dynamo_graph
+            if last and g.dynamo_graph is not None:
+                for b in self.graph_breaks:
+                    if b.after_graph == g.dynamo_graph:
+                        lines += _break_lines(b)
+        shown = {g.dynamo_graph for g in self.graphs}
+        for b in self.graph_breaks:  # after a graph with nothing to compile (no record)
+            if b.after_graph is not None and b.after_graph not in shown:
+                lines += _break_lines(b)
         if self.fallbacks:
             lines.append("  left to PyTorch:")
             for op, reasons in self.fallbacks.items():
@@ -139,6 +247,60 @@ class ExplainReport:
                     tip = suggestion(reason)
                     if tip:
                         lines.append(f"      fix: {tip}")
-        else:
-            lines.append("  nothing left to PyTorch")
+        elif self.graphs:
+            lines.append("  no compute op of the captured graphs left to PyTorch")
         return "\n".join(lines)
+
+
+def _step_dict(step: dict[str, Any]) -> dict[str, Any]:
+    if "pytorch" in step:
+        return {"where": "pytorch", "ops": [{"op": op, "reason": r} for op, r in step["pytorch"] if is_compute(op)]}
+    return {"where": "ort" if step.get("on_ort") else "pytorch", "region": step.get("name")}
+
+
+def _graph_lines(index: int, g: GraphRecord) -> list[str]:
+    name = f"graph {index} ({g.tag}" + (f", dynamo graph {g.dynamo_graph})" if g.dynamo_graph is not None else ")")
+    if g.failure is not None:
+        return [f"  {name}: runs in PyTorch, compiling it failed: {g.failure}", f"      fix: {suggestion(Reason.COMPILE_FAILED)}"]
+    compute = sum(1 for op, _ in g.ops if is_compute(op))
+    on = sum(1 for r in g.regions if r["on_ort"])
+    lines = [f"  {name}: {compute} compute ops, {on}/{len(g.regions)} region(s) on ORT; in execution order:"]
+    steps = g.steps or g.regions
+    n = 0
+    for step in steps:
+        if "pytorch" in step:
+            ops = [(op, r) for op, r in step["pytorch"] if is_compute(op)]
+            if not ops:
+                continue
+            n += 1
+            lines.append(f"    {n}. PyTorch  {_ops_summary([op for op, _ in ops])}")
+            continue
+        n += 1
+        region_ops = [op for op in step["ops"] if is_compute(op)]
+        where = "ORT    " if step["on_ort"] else "PyTorch (failed on ORT)"
+        tune = step.get("autotune")
+        extra = ""
+        if tune:
+            where = "ORT    " if tune["chosen"] == "ort" else "PyTorch (autotune)"
+            extra = f"; autotune: ORT {tune['ort_ms']:.3f} ms vs PyTorch {tune['pytorch_ms']:.3f} ms"
+        lines.append(f"    {n}. {where}  {step['name']}: {len(region_ops)} ops ({_ops_summary(region_ops)}){extra}")
+    return lines
+
+
+def _ops_summary(ops: list[str], limit: int = 4) -> str:
+    counts = collections.Counter(ops)
+    names = [f"{op} x{c}" if c > 1 else op for op, c in counts.items()]
+    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _break_lines(b: GraphBreak) -> list[str]:
+    times = f" (x{b.count})" if b.count > 1 else ""
+    if b.split and b.after_graph is None and not b.file:
+        lines = [f"  graph break before any graph{times}: {b.summary}"]
+    elif b.split:
+        lines = [f"  graph break at {b.where}{times}: {b.summary}"]
+    else:
+        lines = [f"  dynamo left a whole function to Python: {b.summary}"]
+    if b.code:
+        lines.append(f"      runs in Python: {b.code}")
+    return lines

@@ -18,20 +18,9 @@ import torch.fx
 from .. import _compat, metrics
 from ..lowering.aten import compile_captured
 from ..options import Options
+from .settings import resolve_options
 
 __all__ = ["ort_backend", "make_backend", "compile"]
-
-
-def _resolve(options: Options | Mapping[str, Any] | None) -> Options:
-    if isinstance(options, Options):
-        return options
-    if options is not None and not isinstance(options, Mapping):
-        from ..options import OptionsError
-
-        raise OptionsError(
-            f"options: expected a mapping of option names to values (or an ort_lazy.Options), got {type(options).__name__}"
-        )
-    return Options.from_env(**dict(options or {}))
 
 
 _DDP_ADVICE = (
@@ -70,10 +59,10 @@ def make_backend(options: Options | Mapping[str, Any] | None = None) -> Callable
 
     A mapping is validated at once and re-read with the environment at each compile.
     """
-    _resolve(options)
+    resolve_options(options)
 
     def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **_: Any) -> Callable[..., Any]:
-        return compile_captured(gm, example_inputs, _resolve(options))
+        return compile_captured(gm, example_inputs, resolve_options(options))
 
     backend._ort_lazy_backend = True  # type: ignore[attr-defined]
     return backend
@@ -83,22 +72,26 @@ def ort_backend(
     gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Mapping[str, Any] | Options | None = None
 ) -> Callable[..., Any]:
     """The ``ort`` dynamo backend: ``torch.compile(model, backend="ort", options={...})``."""
-    return compile_captured(gm, example_inputs, _resolve(options))
+    return compile_captured(gm, example_inputs, resolve_options(options))
 
 
 ort_backend._ort_lazy_backend = True  # type: ignore[attr-defined]
 
 
 def compile(model: Any, *, dynamic: bool | None = None, fullgraph: bool = False, **options: Any) -> Any:
-    """``torch.compile(model, backend="ort")`` with ort-lazy options as keyword arguments.
+    """``torch.compile(model, backend="ort")`` with ort-lazy options as keyword arguments (or as
+    ``options={...}``, a mapping or an :class:`Options`, as ``torch.compile`` takes them).
 
     ``dynamic`` is both torch.compile's and :attr:`Options.dynamic`: ``False`` compiles for
     concrete shapes only, ``None`` (default) follows ``ORT_LAZY_DYNAMIC`` (on: dynamo turns
     dims symbolic once they change and one ONNX model serves every size).
     """
+    given = options.pop("options", None)
     if dynamic is not None:
         options["dynamic"] = dynamic
-    opts = Options.from_env(**options)
+    opts = resolve_options(given, **options)  # invalid options raise here, not at the first call
     torch_dynamic = dynamic if dynamic is not None else (None if opts.dynamic else False)
-    backend = functools.partial(ort_backend, options=options)
+    # a mapping is re-read with the environment when a graph is compiled; Options stay as given
+    bound: Options | dict[str, Any] = opts if isinstance(given, Options) else {**dict(given or {}), **options}
+    backend = functools.partial(ort_backend, options=bound)
     return torch.compile(model, backend=backend, dynamic=torch_dynamic, fullgraph=fullgraph)

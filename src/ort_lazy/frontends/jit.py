@@ -22,6 +22,7 @@ from ..options import Options
 from ..runtime import bridge
 from ..runtime.bridge import BridgeUnavailableError, bridge_info, load_bridge
 from ..runtime.region import TorchScriptGroup
+from .settings import resolve_options
 
 __all__ = ["BridgeUnavailableError", "load_bridge", "bridge_info", "enable", "disable", "is_enabled"]
 
@@ -47,7 +48,7 @@ def _support(key: str, op: str, overload: str, inputs: Sequence[Any], graph: tor
 
 
 def _make_group(graph: torch._C.Graph, name: str) -> TorchScriptGroup:
-    options = bridge.options() or Options.from_env()
+    options = bridge.options() or resolve_options()
     ops = [n.kind().replace("::", ".") for n in graph.nodes() if n.kind() not in ("prim::Constant", "prim::TupleConstruct")]
 
     def export(tensors: Sequence[torch.Tensor]) -> Any:
@@ -97,7 +98,7 @@ class _Enabled:
 
 def enable(**options: Any) -> _Enabled:
     """Run the ORT-supported regions of TorchScript graphs on ORT (see ``ort_lazy.jit.enable``)."""
-    opts = Options.from_env(**options)
+    opts = resolve_options(**options)
     previous = ("jit" in bridge.users(), bridge.options())
     bridge.activate("jit", opts)
     return _Enabled(previous)

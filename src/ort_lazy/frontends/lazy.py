@@ -14,6 +14,7 @@ from .. import _compat, metrics
 from ..options import Options
 from ..runtime import bridge as _bridge
 from . import jit as _jit  # noqa: F401  (installs the bridge's callbacks)
+from .settings import resolve_options
 
 __all__ = ["init", "is_initialized", "shutdown", "clear_cache"]
 
@@ -33,7 +34,7 @@ def init(**options: Any) -> Options:
         OptionsError: an invalid option.
     """
     global _backend_ready
-    opts = Options.from_env(**options)
+    opts = resolve_options(**options)
     try:
         bridge = _bridge.load_bridge()
     except _bridge.BridgeUnavailableError as e:

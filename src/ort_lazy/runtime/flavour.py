@@ -8,11 +8,22 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+from collections.abc import Sequence
 from types import ModuleType
 
-__all__ = ["OrtUnavailableError", "onnxruntime", "flavour", "ort_version", "max_ir_version"]
+__all__ = ["OrtUnavailableError", "onnxruntime", "flavour", "ort_version", "max_ir_version", "provider_problem"]
 
 _FLAVOURS = ("onnxruntime-training", "onnxruntime-gpu", "onnxruntime")
+
+#: The onnxruntime flavour that has an execution provider, and how to get it.
+_PROVIDER_SOURCES = {
+    "CUDAExecutionProvider": ("onnxruntime-gpu", "python build.py --use_cuda (or pip install onnxruntime-gpu in place of onnxruntime)"),
+    "TensorrtExecutionProvider": ("onnxruntime-gpu", "python build.py --use_cuda (or pip install onnxruntime-gpu in place of onnxruntime)"),
+    "ROCMExecutionProvider": ("onnxruntime-rocm", "pip install onnxruntime-rocm in place of onnxruntime"),
+    "DmlExecutionProvider": ("onnxruntime-directml", "pip install onnxruntime-directml in place of onnxruntime (Windows)"),
+    "OpenVINOExecutionProvider": ("onnxruntime-openvino", "pip install onnxruntime-openvino in place of onnxruntime"),
+    "CoreMLExecutionProvider": ("onnxruntime on macOS", "pip install onnxruntime on macOS"),
+}
 
 
 class OrtUnavailableError(ImportError):
@@ -64,3 +75,18 @@ def max_ir_version() -> int:
     if flavour() == "onnxruntime-training" or ort_version() < (1, 20):
         return 10
     return 11
+
+
+def provider_problem(providers: Sequence[str]) -> str | None:
+    """Why the installed onnxruntime cannot use every provider of ``providers`` (naming its
+    flavour, the flavour that has them and how to get it), or None when it can."""
+    available = list(onnxruntime().get_available_providers())
+    missing = [p for p in providers if p not in available]
+    if not missing:
+        return None
+    lines = []
+    for provider in missing:
+        source = _PROVIDER_SOURCES.get(provider)
+        where = f"; it comes with {source[0]}: {source[1]}" if source else ""
+        lines.append(f"{provider} is not in the installed onnxruntime flavour ({flavour()}){where}")
+    return "; ".join(lines) + f" (installed providers: {', '.join(available)})"

@@ -30,7 +30,7 @@ from ..opnames import op_name
 from ..options import Options
 from ..reasons import Reason
 from ..specs import OrtModel
-from .session import OrtRunError, OrtRunner
+from .session import ORT_DEVICES, OrtInputError, OrtRunError, OrtRunner
 from .threads import region_threads
 
 __all__ = ["Region", "OrtRegion", "TorchScriptGroup", "open_runner", "ops_text", "report_fallback", "dump", "compute_ops"]
@@ -112,7 +112,12 @@ class Region:
     def run_ort(self, runner: OrtRunner, args: Sequence[Any], all_args: Sequence[Any] | None = None) -> list[torch.Tensor] | None:
         """The outputs of ``runner`` on ``args``; None when ORT failed (the caller stops using
         that runner and runs PyTorch). In the ``debug`` run type, compared with the PyTorch twin
-        run on ``all_args`` (default ``args``)."""
+        run on ``all_args`` (default ``args``).
+
+        Raises:
+            OrtInputError: only these inputs cannot run on ORT; the caller runs this call in
+                PyTorch and keeps the runner.
+        """
         start = time.perf_counter()
         try:
             if self._nvtx:
@@ -121,6 +126,11 @@ class Region:
             else:
                 outs = runner.run(args)
         except OrtRunError as e:
+            if not e.lasting:
+                # only these inputs cannot run on ORT (a device it cannot read): this call
+                # runs in PyTorch, the runner stays for the next
+                metrics.warn_once(f"input:{self.name}:{e}", "ort-lazy: %s; this call of %s runs in PyTorch", e, self.name)
+                raise
             metrics.increment("ort_failures")
             metrics.warn_once(f"run:{self.name}:{e}", "ort-lazy: %s (%s); running it in PyTorch from now on", e, ops_text(self.ops))
             return None
@@ -189,9 +199,16 @@ class OrtRegion(Region, torch.nn.Module):
         if runner is None or self._run_type == "pytorch":
             metrics.increment("torch_runs")
             return self._torch(args)
-        outs = self.run_ort(runner, args)
+        lasting = True
+        try:
+            outs = self.run_ort(runner, args)
+        except OrtInputError:  # only these inputs: this call runs in PyTorch (outside the handler)
+            outs, lasting = None, False
         if outs is None:
-            self.runner = None
+            if lasting:
+                self.runner = None
+            else:
+                metrics.increment("torch_runs")
             return self._torch(args)
         return tuple(outs) if self.tuple_output else outs[0]
 
@@ -285,11 +302,22 @@ class TorchScriptGroup(Region):
         self._spinning = spinning
         self.plans: dict[tuple[Any, ...], tuple[OrtRunner, list[int] | None] | None] = {}
         self.too_small = len(self.ops) < options.min_block_size
+        if self.too_small:
+            for op in self.ops:
+                metrics.record_fallback(op, Reason.SMALL_REGION)
+            metrics.warn_once(
+                f"min_block_size:{options.min_block_size}",
+                "ort-lazy: min_block_size=%d keeps TorchScript group %s (%d ops) off ORT; lower min_block_size / "
+                "ORT_LAZY_MIN_BLOCK_SIZE",
+                options.min_block_size,
+                name,
+                len(self.ops),
+            )
         metrics.increment("regions_compiled")
 
     def run(self, tensors: list[torch.Tensor]) -> list[torch.Tensor] | None:
         """Outputs of the group computed by ORT, or None to run it in TorchScript."""
-        key = tuple((t.dtype, t.shape, t.stride(), t.get_device()) for t in tensors)  # -1: CPU
+        key = tuple((t.dtype, t.shape, t.stride(), t.device) for t in tensors)
         try:
             plan = self.plans[key]
         except KeyError:
@@ -297,13 +325,22 @@ class TorchScriptGroup(Region):
         if plan is None:
             return None
         runner, select = plan
-        outs = self.run_ort(runner, tensors if select is None else [tensors[i] for i in select], tensors)
+        try:
+            outs = self.run_ort(runner, tensors if select is None else [tensors[i] for i in select], tensors)
+        except OrtInputError:
+            return None
         if outs is None:
             self.plans[key] = None
         return outs
 
     def _compile(self, tensors: list[torch.Tensor]) -> tuple[OrtRunner, list[int] | None] | None:
         if self.too_small or self._run_type == "pytorch":
+            return None
+        devices = sorted({t.device.type for t in tensors} - set(ORT_DEVICES))
+        if devices:  # a group fused for CPU/CUDA graphs, run with tensors ORT cannot read
+            for op in self.ops:
+                metrics.record_fallback(op, Reason.UNSUPPORTED_DEVICE)
+            metrics.warn_once(f"device:{self.name}:{devices}", "ort-lazy: %s runs in TorchScript for tensors on %s", self.name, ", ".join(devices))
             return None
         try:
             with metrics.timed("export"), nvtx_range(f"ort_lazy.export:{self.name}", self._nvtx):
