@@ -137,8 +137,8 @@ def captured_exports() -> Iterator[list[Any]]:
     captured: list[Any] = []
     real = cache.export_graph
 
-    def spy(gm: Any, name: str, constants: Any = None, providers: Any = None) -> Any:
-        model = real(gm, name, constants, providers)
+    def spy(gm: Any, name: str, constants: Any = None, providers: Any = None, **kwargs: Any) -> Any:
+        model = real(gm, name, constants, providers, **kwargs)
         captured.append(model)
         return model
 

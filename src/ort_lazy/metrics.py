@@ -45,6 +45,7 @@ _COUNTER_NAMES = (
     "ort_failures",
     "graphs_compiled",
     "ddp_uncompiled",
+    "weight_refreshes",
     "disk_cache_hits",
     "disk_cache_misses",
     "disk_cache_rejected",

@@ -21,6 +21,7 @@ __all__ = [
     "Options",
     "OptionsError",
     "RUN_TYPES",
+    "PRECISIONS",
     "KNOWN_PROVIDERS",
     "ENV_PREFIX",
     "ENV_VARIABLES",
@@ -34,8 +35,16 @@ ENV_PREFIX = "ORT_LAZY_"
 #: ``ORT_LAZY_*`` variables that are not :class:`Options` fields, and what reads them.
 ENV_VARIABLES = {
     "ORT_LAZY_METRICS_FILE": "one JSON line per compiled graph is appended to this file",
-    "ORT_LAZY_ENABLE_NVTX": "build.py: compile NVTX ranges into the bridge",
+    "ORT_LAZY_BUILD_BRIDGE": "setup.py: 0 installs without the compiled bridge",
+    "ORT_LAZY_BUILD_CONFIG": "setup.py: the bridge's build type (Release, RelWithDebInfo, Debug)",
+    "ORT_LAZY_ZOO_FULL": "tests: run the whole model zoo",
+    "ORT_LAZY_TEST_WHEEL": "tests: the wheel build.py built for the packaging tests",
 }
+
+#: Numeric precisions of inference graphs (``precision``): ``fp32`` keeps the model's own dtypes;
+#: ``int8-dynamic`` quantizes the weights of matrix products to int8 and their activations per
+#: call (ORT's dynamic quantization: faster on CPUs with int8 dot-product units, approximate).
+PRECISIONS = ("fp32", "int8-dynamic")
 
 #: Run types: ``ort`` runs supported regions on ORT; ``pytorch`` captures as usual but runs
 #: every region in PyTorch; ``debug`` runs both and compares.
@@ -86,7 +95,14 @@ class Options:
         torch_executed_ops: aten ops forced to stay in PyTorch (``"aten.relu"``,
             ``"aten.relu.default"`` or ``"aten::relu"``).
         freeze_weights: inference only: bake parameters into the ONNX model as initializers
-            (lets ORT prepack weights; the model snapshots them at compile time).
+            (lets ORT prepack weights; the model snapshots them at compile time and never
+            follows later changes).
+        prepack_weights: inference graphs bind parameters as ORT initializers on their own
+            memory (no copy), so ORT prepacks them as it does for an exported model; a
+            parameter changed in place or replaced is noticed at the next call and the session
+            rebuilt: results never use stale weights. ``False`` passes them as graph inputs.
+        precision: inference graphs' numeric precision (:data:`PRECISIONS`); ``int8-dynamic``
+            quantizes weight matrix products (the model is rebuilt when a parameter changes).
         dynamic: ``True`` exports symbolic dims where the graph has them, ``False`` forces
             one model per concrete input shape.
         cache_size: maximum number of ORT sessions kept (LRU).
@@ -115,6 +131,8 @@ class Options:
     min_block_size: int = 1
     torch_executed_ops: frozenset[str] = frozenset()
     freeze_weights: bool = False
+    prepack_weights: bool = True
+    precision: str = "fp32"
     dynamic: bool = True
     cache_size: int = 64
     run_type: str = "ort"
@@ -138,10 +156,14 @@ class Options:
         _set(self, "min_block_size", _parse_int(self.min_block_size, "min_block_size", 1))
         _set(self, "cache_size", _parse_int(self.cache_size, "cache_size", 1))
         _set(self, "torch_executed_ops", _parse_ops(self.torch_executed_ops, "torch_executed_ops"))
-        for name in ("freeze_weights", "dynamic", "autotune", "nvtx", "strict"):
+        for name in ("freeze_weights", "prepack_weights", "dynamic", "autotune", "nvtx", "strict"):
             _set(self, name, _parse_bool(getattr(self, name), name))
         if self.allow_spinning is not None:
             _set(self, "allow_spinning", _parse_bool(self.allow_spinning, "allow_spinning"))
+        precision = str(self.precision).strip().lower()
+        if precision not in PRECISIONS:
+            raise OptionsError(f"precision: unknown value {self.precision!r}; accepted: {', '.join(PRECISIONS)}")
+        _set(self, "precision", precision)
         run_type = str(self.run_type).strip().lower()
         if run_type not in RUN_TYPES:
             raise OptionsError(
@@ -205,6 +227,8 @@ class Options:
             json.dumps(self.provider_options, sort_keys=True, default=str),
             json.dumps(self.session_options, sort_keys=True, default=str),
             self.freeze_weights,
+            self.prepack_weights,
+            self.precision,
             self.dynamic,
         )
 

@@ -81,27 +81,29 @@ def _tuple_output(gm: torch.fx.GraphModule) -> bool:
 
 
 def _make_region(
-    name: str, sub: torch.fx.GraphModule, options: Options, spinning: bool, constants: dict[int, torch.Tensor]
+    name: str, sub: torch.fx.GraphModule, options: Options, spinning: bool, constants: dict[int, torch.Tensor], weights: str
 ) -> OrtRegion | None:
     """Export ``sub`` and open its ORT session; None (counted, warned once) when either fails."""
     ops = compute_ops(sub)
+    shared = weights == "shared"
     try:
-        model = cached_export(sub, name, options, constants)
+        model = cached_export(sub, name, options, constants, shared=shared)
     except Exception as e:  # any export fault falls back: never crash the user's model
         report_fallback(name, ops, "export_failures", Reason.EXPORT_FAILED, e, "export failed for")
         return None
     dump(options, name, sub, model)
     try:
-        runner = open_runner(model, options, graph_device(sub), spinning=spinning)
+        runner = open_runner(model, options, graph_device(sub), spinning=spinning, weights=constants)
     except Exception as e:  # session creation faults (bad model, missing kernel, provider) fall back
         report_fallback(name, ops, "ort_failures", Reason.ORT_FAILED, e, "ORT cannot run")
         return None
     metrics.increment("regions_on_ort")
 
-    def export(concrete: torch.fx.GraphModule, shape_name: str) -> Any:
-        return export_graph(concrete, shape_name, constants or None, options.resolve_providers(graph_device(sub)))
+    def export(graph: torch.fx.GraphModule, export_name: str) -> Any:
+        providers = options.resolve_providers(graph_device(sub))
+        return export_graph(graph, export_name, constants or None, providers, shared=shared, precision=options.precision)
 
-    return OrtRegion(name, sub, runner, options, _tuple_output(sub), constants=constants, export=export)
+    return OrtRegion(name, sub, runner, options, _tuple_output(sub), constants=constants, weights=weights, export=export)
 
 
 def compile_graph(
@@ -110,11 +112,12 @@ def compile_graph(
     *,
     tag: str = "graph",
     constants: dict[int, torch.Tensor] | None = None,
+    weights: str = "snapshot",
 ) -> torch.fx.GraphModule:
     """Replace every supported region of ``gm`` (aten ops, ``meta['val']`` set) by an ORT region.
 
-    ``constants`` maps placeholder positions of ``gm`` to tensors (frozen weights) that regions
-    bake into their ONNX models instead of taking as inputs.
+    ``constants`` maps placeholder positions of ``gm`` to parameters that regions bind as ORT
+    initializers instead of taking as inputs, as ``weights`` says (:data:`~ort_lazy.specs.WEIGHT_MODES`).
 
     Returns the same GraphModule object, modified, or ``gm`` untouched when nothing runs on ORT.
     """
@@ -178,7 +181,7 @@ def compile_graph(
             for j, a in enumerate(node.args)
             if isinstance(a, torch.fx.Node) and a.op == "placeholder" and a.name in frozen
         }
-        region = _make_region(f"{tag}_{name}", sub, options, spinning, sub_constants)
+        region = _make_region(f"{tag}_{name}", sub, options, spinning, sub_constants, weights)
         if region is not None and sub_constants:
             node.args = tuple(a for j, a in enumerate(node.args) if j not in sub_constants)
         ops = compute_ops(sub)

@@ -8,13 +8,22 @@ dumps write them as JSON (:func:`spec_to_json`).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-__all__ = ["TensorSpec", "OrtModel", "TORCH_TO_ONNX", "spec_to_json", "spec_from_json"]
+__all__ = ["TensorSpec", "OrtModel", "TORCH_TO_ONNX", "spec_to_json", "spec_from_json", "WEIGHT_MODES"]
+
+#: How a region binds the parameters it does not take as graph inputs:
+#: ``snapshot``: their values baked into the model at compile time (``freeze_weights``);
+#: ``shared``: ORT initializers on the parameters' own memory (ORT prepacks them), the session
+#: rebuilt when a parameter changes (in place or replaced);
+#: ``copied``: their values baked into the model (which a precision change such as int8
+#: quantization needs), the model rebuilt when a parameter changes.
+WEIGHT_MODES = ("snapshot", "shared", "copied")
 
 #: torch dtype -> ONNX TensorProto element type
 TORCH_TO_ONNX: dict[torch.dtype, int] = {
@@ -82,6 +91,8 @@ class OrtModel:
     input_specs: list[TensorSpec]
     output_specs: list[TensorSpec]
     name: str = "region"
+    #: initializers whose data the session gets from torch tensors: name -> graph position
+    external: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.digest = hashlib.sha256(self.model_bytes).hexdigest()
@@ -91,6 +102,7 @@ class OrtModel:
         return {
             "inputs": [spec_to_json(s, n) for n, s in zip(self.input_names, self.input_specs)],
             "outputs": [spec_to_json(s, n) for n, s in zip(self.output_names, self.output_specs)],
+            "external": dict(self.external),
         }
 
     @classmethod
@@ -103,4 +115,5 @@ class OrtModel:
             input_specs=[spec_from_json(d) for d in data["inputs"]],
             output_specs=[spec_from_json(d) for d in data["outputs"]],
             name=name,
+            external={str(k): int(v) for k, v in data.get("external", {}).items()},
         )

@@ -27,27 +27,35 @@ def graph_device(gm: torch.fx.GraphModule) -> torch.device:
 
 
 def cached_export(
-    sub: torch.fx.GraphModule, name: str, options: Options, constants: dict[int, torch.Tensor] | None = None
+    sub: torch.fx.GraphModule,
+    name: str,
+    options: Options,
+    constants: dict[int, torch.Tensor] | None = None,
+    shared: bool = False,
 ) -> OrtModel:
     """:func:`~ort_lazy.export.fx.export_graph`, through the compile cache when one is configured.
 
-    Entries are keyed by the graph's code, its input specs, the frozen constants' contents, the
-    options that change the model and the device type.
+    Entries are keyed by the graph's code, its input specs, the constants' contents (their
+    dtypes and shapes only when ``shared``: the model holds no data then), the options that
+    change the model and the device type.
     """
     with nvtx_range(f"ort_lazy.export:{name}", options.nvtx):
-        return _cached_export(sub, name, options, constants)
+        return _cached_export(sub, name, options, constants, shared)
 
 
 def _cached_export(
-    sub: torch.fx.GraphModule, name: str, options: Options, constants: dict[int, torch.Tensor] | None
+    sub: torch.fx.GraphModule, name: str, options: Options, constants: dict[int, torch.Tensor] | None, shared: bool
 ) -> OrtModel:
     providers = options.resolve_providers(graph_device(sub))
     cache = disk_cache(options.cache_dir)
     if cache is None:
-        return export_graph(sub, name, constants, providers)
+        return export_graph(sub, name, constants, providers, shared=shared, precision=options.precision)
     specs = [spec_of(n.meta.get("val")) for n in sub.graph.nodes if n.op == "placeholder"]
-    frozen = {str(i): _tensor_digest(t) for i, t in (constants or {}).items()}
-    key = cache_key("region", sub.code, [spec_to_json(s) for s in specs], frozen, options.key(), graph_device(sub).type)
+    if shared:
+        frozen = {str(i): [str(t.dtype), list(t.shape)] for i, t in (constants or {}).items()}
+    else:
+        frozen = {str(i): _tensor_digest(t) for i, t in (constants or {}).items()}
+    key = cache_key("region", sub.code, [spec_to_json(s) for s in specs], frozen, options.key(), graph_device(sub).type, shared)
     hit = cache.get_model(key)
     if hit is not None:
         blob, data = hit
@@ -55,7 +63,7 @@ def _cached_export(
             return OrtModel.from_description(blob, data, name)
         except (KeyError, TypeError, ValueError):
             pass  # an entry of another layout: export again and overwrite it
-    model = export_graph(sub, name, constants, providers)
+    model = export_graph(sub, name, constants, providers, shared=shared, precision=options.precision)
     cache.put_model(key, model.model_bytes, model.describe())
     return model
 

@@ -12,6 +12,7 @@ import torch.fx
 
 from .. import _compat, metrics
 from ..specs import TORCH_TO_ONNX, OrtModel, TensorSpec
+from .quantize import quantize_dynamic_int8
 from .widen import widen_low_precision
 
 __all__ = ["ExportError", "translate", "export_graph", "single_node_graph", "isolated_nodes_graph", "spec_of", "reinfer_types"]
@@ -192,12 +193,18 @@ def export_graph(
     name: str = "region",
     constants: dict[int, torch.Tensor] | None = None,
     providers: Sequence[str] | None = None,
+    shared: bool = False,
+    precision: str = "fp32",
 ) -> OrtModel:
     """Translate ``gm`` and package it with its torch-side input/output specs.
 
-    ``constants`` maps placeholder positions to tensors baked into the model as initializers
-    (frozen weights); those inputs disappear from the ONNX model's inputs. ``providers``: the
-    execution providers the model is for (see :func:`translate`).
+    ``constants`` maps placeholder positions to tensors that become initializers (weights);
+    those inputs disappear from the ONNX model's inputs. Their values are baked into the model,
+    or, with ``shared``, left out: the model declares them (dtype and shape, data "external") and
+    the session is given the tensors' own memory (:attr:`OrtModel.external`). ``providers``: the
+    execution providers the model is for (see :func:`translate`). ``precision``
+    ``int8-dynamic`` quantizes the matrix products of baked weights
+    (:func:`~ort_lazy.export.quantize.quantize_dynamic_int8`).
 
     Raises:
         ExportError: the translator failed (the message names the node), or ONNX shape
@@ -209,10 +216,13 @@ def export_graph(
     constants = constants or {}
     try:
         model = translate(gm, name, providers)
+        external: dict[str, int] = {}
         if constants:
-            _bake_constants(model, constants)
+            external = _bake_constants(model, constants, shared)
         proto = ir.serde.serialize_model(model)
         _drop_unused_optional_outputs(proto)
+        if precision == "int8-dynamic" and constants and not shared:
+            proto = quantize_dynamic_int8(proto)
     except Exception as e:
         raise ExportError(f"{name}: {e}") from e
     placeholders = [n for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder") if i not in constants]
@@ -229,6 +239,7 @@ def export_graph(
         input_specs=in_specs,
         output_specs=out_specs,
         name=name,
+        external=external,
     )
     if len(result.input_names) != len(placeholders) or len(result.output_names) != len(out_nodes):
         raise ExportError(
@@ -270,14 +281,25 @@ def _drop_unused_optional_outputs(proto: Any) -> None:
         proto.graph.value_info.extend(keep)
 
 
-def _bake_constants(model: Any, constants: dict[int, torch.Tensor]) -> None:
-    """Turn the graph inputs at ``constants``' positions into initializers holding the tensors."""
+def _bake_constants(model: Any, constants: dict[int, torch.Tensor], shared: bool = False) -> dict[str, int]:
+    """Turn the graph inputs at ``constants``' positions into initializers holding the tensors
+    (with ``shared``: declaring them only, their data external); returns {name: position} of
+    the shared ones."""
     import onnx_ir as ir
 
     inputs = list(model.graph.inputs)
     keep = []
+    external: dict[str, int] = {}
     for i, value in enumerate(inputs):
-        if i in constants:
+        if i in constants and shared:
+            tensor = constants[i]
+            dtype = ir.DataType.from_numpy(torch.empty((), dtype=tensor.dtype).numpy().dtype) if tensor.dtype != torch.bfloat16 else ir.DataType.BFLOAT16
+            value.const_value = ir.ExternalTensor(
+                f"ort-lazy-shared-{i}", offset=None, length=None, dtype=dtype, shape=ir.Shape(tuple(tensor.shape)), name=value.name
+            )
+            model.graph.initializers[value.name] = value
+            external[value.name] = i
+        elif i in constants:
             with _compat.real_tensor_mode():
                 tensor = constants[i].detach().cpu().contiguous()
                 if tensor.dtype == torch.bfloat16:
@@ -290,6 +312,7 @@ def _bake_constants(model: Any, constants: dict[int, torch.Tensor]) -> None:
             keep.append(value)
     model.graph.inputs.clear()
     model.graph.inputs.extend(keep)
+    return external
 
 
 def _check_inferred_types(proto: Any, out_specs: list[TensorSpec], name: str) -> None:

@@ -56,7 +56,19 @@ def _failed(tag: str, error: BaseException, options: Options) -> None:
     record_failure(tag, text)
 
 
+def weight_mode(options: Options) -> str | None:
+    """How inference graphs bind their parameters (:data:`~ort_lazy.specs.WEIGHT_MODES`), or
+    None to pass them as graph inputs."""
+    if options.freeze_weights:
+        return "snapshot"
+    if options.precision != "fp32":
+        return "copied"
+    return "shared" if options.prepack_weights else None
+
+
 def _aot_compiler(options: Options, tag: str, frozen: dict[int, torch.Tensor] | None = None) -> Callable[..., Any]:
+    mode = weight_mode(options) or "snapshot"
+
     def compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         constants = _frozen_for(gm, frozen) if frozen else None
         try:
@@ -65,7 +77,7 @@ def _aot_compiler(options: Options, tag: str, frozen: dict[int, torch.Tensor] | 
             # without outputs; ops that write stay (impure)
             work.graph.eliminate_dead_code()
             drop_unused_indices(work)
-            forward = compile_graph(work, options, tag=tag, constants=constants).forward
+            forward = compile_graph(work, options, tag=tag, constants=constants, weights=mode).forward
         except Exception as e:
             _failed(tag, e, options)
             forward = gm.forward  # the graph as AOTAutograd made it, untouched
@@ -158,8 +170,9 @@ def _compile(gm: torch.nn.Module, example_inputs: Sequence[Any], options: Option
     if isinstance(gm, torch.fx.GraphModule):
         work = copy_graph_module(gm)
         lower_fast_paths(work)
-    # Inference only: weights (nn.Parameter inputs) are snapshot into the ONNX models.
-    frozen = {i: t for i, t in enumerate(example_inputs) if isinstance(t, torch.nn.Parameter)} if options.freeze_weights else None
+    # Inference only: weights (nn.Parameter inputs) become ORT initializers (see weight_mode).
+    binds = weight_mode(options) is not None
+    frozen = {i: t for i, t in enumerate(example_inputs) if isinstance(t, torch.nn.Parameter)} if binds else None
     aot = _compat.aot_autograd(
         fw_compiler=_aot_compiler(options, "forward"),
         bw_compiler=_aot_compiler(options, "backward"),

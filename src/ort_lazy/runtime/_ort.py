@@ -12,7 +12,7 @@ from typing import Any
 
 from .flavour import OrtUnavailableError, onnxruntime
 
-__all__ = ["c_api", "raw_session", "c_device", "new_binding", "kernel_defs"]
+__all__ = ["c_api", "raw_session", "c_device", "new_binding", "kernel_defs", "ortvalue_of"]
 
 
 def c_api() -> Any:
@@ -43,3 +43,12 @@ def new_binding(raw: Any) -> Any:
 def kernel_defs() -> list[Any]:
     """Every kernel definition the installed onnxruntime registers (all providers)."""
     return list(c_api().get_all_opkernel_def())
+
+
+def ortvalue_of(tensor: Any) -> Any:
+    """A public ``OrtValue`` viewing ``tensor``'s memory (DLPack: any dtype, CPU or CUDA).
+
+    The tensor must outlive every session given the value.
+    """
+    ort = onnxruntime()
+    return ort.OrtValue(c_api().OrtValue.from_dlpack(tensor.detach().__dlpack__()))

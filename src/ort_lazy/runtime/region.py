@@ -44,14 +44,23 @@ def ops_text(ops: Sequence[str], limit: int = 6) -> str:
     return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
-def open_runner(model: OrtModel, options: Options, device: torch.device, *, spinning: bool) -> OrtRunner:
-    """An :class:`OrtRunner` for ``model`` with the thread count the region's size calls for.
+def open_runner(
+    model: OrtModel,
+    options: Options,
+    device: torch.device,
+    *,
+    spinning: bool,
+    weights: dict[int, torch.Tensor] | None = None,
+) -> OrtRunner:
+    """An :class:`OrtRunner` for ``model`` with the thread count the region's size calls for;
+    ``weights`` (by graph position) back the model's external initializers.
 
     Raises:
         OrtRunError: the session could not be created.
     """
     threads = region_threads(model.model_bytes) if device.type == "cpu" else None
-    return OrtRunner(model, options, device, spinning=spinning, threads=threads)
+    initializers = {name: weights[pos] for name, pos in model.external.items()} if weights and model.external else None
+    return OrtRunner(model, options, device, spinning=spinning, threads=threads, initializers=initializers)
 
 
 def report_fallback(name: str, ops: Sequence[str], counter: str, reason: str, error: BaseException, what: str) -> None:
@@ -157,10 +166,13 @@ def compute_ops(gm: torch.fx.GraphModule) -> list[str]:
 class OrtRegion(Region, torch.nn.Module):
     """One fused FX submodule on ORT; falls back to the submodule if ORT fails at run time.
 
-    ``constants`` maps input positions of ``torch_module`` to tensors baked into the model
-    (frozen weights): callers no longer pass them. ``export`` makes a model of the submodule
-    for concrete input shapes (used when the ``dynamic`` option is off and the model is
-    symbolic: one model per input shape).
+    ``constants`` maps input positions of ``torch_module`` to the parameters the model binds
+    itself (callers no longer pass them), as ``weights`` says (:data:`~ort_lazy.specs.WEIGHT_MODES`):
+    with ``shared`` and ``copied`` every call checks that no parameter changed (its version
+    counter and storage) and rebuilds the session, or the model, when one did, so a result
+    is never computed from stale weights. ``export(graph, name)`` makes a model of a graph of
+    the submodule with the parameters' current values (used for those rebuilds, and when the
+    ``dynamic`` option is off and the model is symbolic: one model per input shape).
     """
 
     def __init__(
@@ -172,12 +184,16 @@ class OrtRegion(Region, torch.nn.Module):
         tuple_output: bool,
         *,
         constants: dict[int, torch.Tensor] | None = None,
+        weights: str = "snapshot",
         export: Callable[[torch.fx.GraphModule, str], OrtModel] | None = None,
     ) -> None:
         torch.nn.Module.__init__(self)
         Region.__init__(self, name, options, compute_ops(torch_module), lambda args: self.torch_module(*self._full_args(args)))
         self.torch_module = torch_module
         self.constants = dict(sorted((constants or {}).items()))
+        self.weights = weights
+        self._follow = bool(self.constants) and weights in ("shared", "copied") and export is not None
+        self._state = self._weight_state() if self._follow else ()
         self.runner: OrtRunner | None = runner
         self.tuple_output = tuple_output
         self.record: Any = None
@@ -188,7 +204,27 @@ class OrtRegion(Region, torch.nn.Module):
             collections.OrderedDict() if symbolic and not options.dynamic and export is not None else None
         )
 
+    def _weight_state(self) -> tuple[tuple[int, int], ...]:
+        return tuple((t._version, t.data_ptr()) for t in self.constants.values())
+
+    def _refresh(self) -> None:
+        """A parameter changed: a session (``shared``) or a model (``copied``) for its new value."""
+        assert self._export is not None and self.runner is not None
+        self._state = self._weight_state()
+        metrics.increment("weight_refreshes")
+        if self._per_shape is not None:
+            self._per_shape.clear()
+        old = self.runner
+        try:
+            model = old.model if self.weights == "shared" else self._export(self.torch_module, self.name)
+            self.runner = open_runner(model, self.options, old.device, spinning=old.spinning, weights=self.constants)
+        except Exception as e:  # the region runs in PyTorch from now on: never a stale result
+            self.fall_back("ort_failures", Reason.ORT_FAILED, e, "cannot refresh the weights of")
+            self.runner = None
+
     def forward(self, *args: Any) -> Any:
+        if self._follow and self.runner is not None and self._weight_state() != self._state:
+            self._refresh()
         runner = self.runner
         if runner is not None and self._per_shape is not None:
             runner = self._shape_runner(args)
@@ -225,7 +261,7 @@ class OrtRegion(Region, torch.nn.Module):
 
             concrete = make_fx(self.torch_module, tracing_mode="fake")(*self._full_args(args))
             model = self._export(concrete, f"{self.name}_{len(self._per_shape)}")
-            runner = open_runner(model, self.options, self.runner.device, spinning=self.runner.spinning)
+            runner = open_runner(model, self.options, self.runner.device, spinning=self.runner.spinning, weights=self.constants)
         except Exception as e:  # this shape runs in PyTorch; others may still run on ORT
             metrics.increment("export_failures")
             metrics.warn_once(f"shape:{self.name}:{e}", "ort-lazy: %s for shapes %s runs in PyTorch: %s", self.name, key, e)

@@ -163,11 +163,18 @@ def provider_options_for(provider: str, options: Options, device: torch.device) 
 
 
 def create_session(
-    model: OrtModel, options: Options, device: torch.device, spinning: bool, threads: int | None = None
+    model: OrtModel,
+    options: Options,
+    device: torch.device,
+    spinning: bool,
+    threads: int | None = None,
+    initializers: dict[str, torch.Tensor] | None = None,
 ) -> tuple[Any, tuple[str, ...]]:
     """Create an ORT session for ``model`` (not cached). Raises :class:`OrtRunError`.
 
     ``threads``: ORT intra-op threads; None follows PyTorch's count (``torch.set_num_threads``).
+    ``initializers``: the tensors behind the model's external initializers
+    (:attr:`OrtModel.external`), given to ORT without a copy.
     """
     if threads is None:
         threads = torch.get_num_threads()
@@ -184,9 +191,13 @@ def create_session(
     start = time.perf_counter()
     try:
         with nvtx_range(f"ort_lazy.session:{model.name}", options.nvtx):
+            so = _session_options(options, spinning, threads)
+            if initializers:
+                names = list(initializers)
+                so.add_external_initializers(names, [_ort.ortvalue_of(initializers[n]) for n in names])
             sess = ort.InferenceSession(
                 _clamp_ir_version(model.model_bytes),
-                sess_options=_session_options(options, spinning, threads),
+                sess_options=so,
                 providers=list(providers),
                 provider_options=provider_opts,
                 disabled_optimizers=disabled_optimizers(model.model_bytes),
@@ -240,6 +251,7 @@ class OrtRunner:
 
     ``spinning``: ORT's threads spin within a run (and park when it ends). ``threads``: ORT
     intra-op threads on CPU (None: PyTorch's count; ``session_options`` overrides both).
+    ``initializers``: the tensors behind the model's external initializers.
     """
 
     def __init__(
@@ -250,6 +262,7 @@ class OrtRunner:
         *,
         spinning: bool = False,
         threads: int | None = None,
+        initializers: dict[str, torch.Tensor] | None = None,
     ) -> None:
         self.model = model
         self.options = options
@@ -264,10 +277,13 @@ class OrtRunner:
             stream = torch.cuda.current_stream(devkey[1]).cuda_stream
         # a region's own thread count applies to CPU sessions; others follow PyTorch's
         threads = threads if threads is not None and device.type == "cpu" else torch.get_num_threads()
-        key = (model.digest, options.key(), devkey, stream, spinning, threads)
+        # a session holds shared initializers' memory (and prepacked copies of it): one per
+        # version of each tensor
+        shared = tuple((n, t.data_ptr(), t._version) for n, t in sorted((initializers or {}).items()))
+        key = (model.digest, options.key(), devkey, stream, spinning, threads, shared)
         cache = session_cache(options.cache_size)
         self.session, self.providers = cache.get_or_create(
-            key, lambda: create_session(model, options, device, spinning, threads)
+            key, lambda: create_session(model, options, device, spinning, threads, initializers)
         )
         self._sess = _ort.raw_session(self.session)
         self._ort_device = _ort.c_device(*devkey)

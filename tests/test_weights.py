@@ -1,0 +1,116 @@
+"""Parameters of inference graphs as ORT initializers: shared memory, never stale; int8 precision."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+import torch
+
+from helpers import assert_close, assert_ran_on_ort, captured_exports, compile_ort
+from ort_lazy import Options, OptionsError, metrics
+
+
+def _mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).eval()
+
+
+def test_inference_weights_are_initializers_on_the_parameters_memory(monkeypatch) -> None:
+    from ort_lazy.runtime import _ort
+
+    viewed: list[int] = []
+    real = _ort.ortvalue_of
+    monkeypatch.setattr(_ort, "ortvalue_of", lambda t: viewed.append(t.data_ptr()) or real(t))
+    model = _mlp()
+    x = torch.randn(5, 16)
+    with torch.no_grad(), captured_exports() as models:
+        assert_close(compile_ort(model)(x), model(x))
+    assert_ran_on_ort()
+    (exported,) = models
+    proto = onnx.load_from_string(exported.model_bytes)
+    # the weights are initializers without data in the model, bound to the tensors themselves
+    assert len(exported.external) == 4
+    assert len(proto.graph.input) == 1 and len(proto.graph.initializer) >= 4
+    assert all(i.data_location == onnx.TensorProto.EXTERNAL for i in proto.graph.initializer if i.name in exported.external)
+    assert sorted(viewed) == sorted(p.data_ptr() for p in model.parameters())
+
+
+@pytest.mark.parametrize("change", ["in_place", "optimizer_step", "load_state_dict"])
+def test_a_changed_parameter_is_never_stale(change: str) -> None:
+    model = _mlp()
+    x = torch.randn(5, 16)
+    compiled = compile_ort(model)
+    with torch.no_grad():
+        assert_close(compiled(x), model(x))
+    if change == "in_place":
+        with torch.no_grad():
+            model[0].weight.mul_(1.5)
+    elif change == "optimizer_step":
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        model(x).sum().backward()
+        opt.step()
+    else:
+        state = {k: v * 0.5 for k, v in model.state_dict().items()}
+        model.load_state_dict(state)
+    with torch.no_grad():
+        assert_close(compiled(x), model(x))
+        assert_close(compiled(x), model(x))
+    c = metrics.counters()
+    assert c["weight_refreshes"] == 1 and c["ort_runs"] == 3, c
+
+
+def test_prepack_off_passes_weights_as_inputs() -> None:
+    model = _mlp()
+    x = torch.randn(5, 16)
+    with torch.no_grad(), captured_exports() as models:
+        compiled = compile_ort(model, prepack_weights=False)
+        assert_close(compiled(x), model(x))
+        model[0].weight.mul_(2.0)
+        assert_close(compiled(x), model(x))
+    assert not models[0].external and len(models[0].input_names) == 5
+    assert metrics.counters()["weight_refreshes"] == 0
+
+
+def test_frozen_weights_are_a_snapshot() -> None:
+    model = _mlp()
+    x = torch.randn(5, 16)
+    with torch.no_grad():
+        compiled = compile_ort(model, freeze_weights=True)
+        before = model(x)
+        assert_close(compiled(x), before)
+        model[0].weight.mul_(2.0)
+        assert_close(compiled(x), before)  # explicitly snapshot at compile time
+
+
+def test_int8_dynamic_precision_quantizes_weight_products_and_follows_changes() -> None:
+    torch.manual_seed(0)
+    ffn = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256)).eval()
+    x = torch.randn(16, 256)
+    with torch.no_grad(), captured_exports() as models:
+        compiled = compile_ort(ffn, precision="int8-dynamic")
+        expected = ffn(x)
+        got = compiled(x)
+        assert float((got - expected).abs().max() / expected.abs().max()) < 0.05
+        ops = {n.op_type for n in onnx.load_from_string(models[0].model_bytes).graph.node}
+        assert {"DynamicQuantizeLinear", "MatMulInteger"} <= ops or "DynamicQuantizeMatMul" in ops, ops
+        ffn[2].bias.add_(1.0)
+        expected = ffn(x)
+        got = compiled(x)
+        assert float((got - expected).abs().max() / expected.abs().max()) < 0.05
+    assert metrics.counters()["weight_refreshes"] == 1
+    assert_ran_on_ort(2)
+
+
+def test_precision_is_validated() -> None:
+    assert Options(precision="INT8-dynamic").precision == "int8-dynamic"
+    with pytest.raises(OptionsError, match="precision"):
+        Options(precision="int4")
+
+
+def test_training_graphs_keep_weights_as_inputs() -> None:
+    model = _mlp().train()
+    x = torch.randn(5, 16)
+    with captured_exports() as models:
+        out = compile_ort(model)(x)
+        out.sum().backward()
+    assert models and all(not m.external for m in models)
