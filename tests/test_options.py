@@ -35,6 +35,8 @@ def test_env_sets_every_field():
         "ORT_LAZY_AUTOTUNE": "1",
         "ORT_LAZY_STRICT": "1",
         "ORT_LAZY_NVTX": "1",
+        "ORT_LAZY_PREPACK_WEIGHTS": "0",
+        "ORT_LAZY_PRECISION": "int8-dynamic",
     }
     o = Options.from_env(env)
     assert o.providers == ("CPUExecutionProvider",)
