@@ -16,6 +16,7 @@ Examples::
     python3 build.py --enable_lazy_tensor --test     # set up, build, run the test suite
     python3 build.py --enable_lazy_tensor --build_wheel          # wheel into dist/
     python3 build.py --enable_lazy_tensor --test --shards 4 --shard 1   # one CI shard
+    python3 build.py --enable_lazy_tensor --test --full --shards 8 --shard 0   # all of op_db + zoo
     python3 build.py --dry_run --use_cuda --enable_lazy_tensor   # print the plan (JSON) only
 
 ORT flavours: ``onnxruntime`` (default), ``onnxruntime-gpu`` (``--use_cuda``) and
@@ -163,6 +164,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     t.add_argument("--shard", type=int, default=0, metavar="I", help="run shard I (0-based) of --shards")
     t.add_argument("--workers", default="2", help="pytest-xdist workers inside the shard (default 2)")
+    t.add_argument(
+        "--full",
+        action="store_true",
+        help="with --test: the whole OpInfo parity suite (every sample, dtype and direction) and the "
+        "whole model zoo instead of their fast subsets (hours on 2 cores: shard it)",
+    )
     t.add_argument("--demo", action="store_true", help="run `ort-lazy demo` after building")
     t.add_argument(
         "--dry_run",
@@ -181,6 +188,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--shards must be >= 1, got {args.shards}")
     if not 0 <= args.shard < args.shards:
         p.error(f"--shard must be in [0, {args.shards}), got {args.shard}")
+    if args.full and not args.test:
+        p.error("--full selects tests: add --test")
     if args.shards > 1 and not args.test:
         p.error("--shards/--shard select tests: add --test")
     if args.use_cuda and args.enable_training:
@@ -698,6 +707,8 @@ def plan(args: argparse.Namespace, py: str | None = None) -> list[Step]:
 
 def test_command(args: argparse.Namespace, py: str) -> list[str]:
     cmd = [py, "-m", "pytest", "-q", "-n", str(args.workers), str(ROOT / "tests")]
+    if args.full:
+        cmd += ["--opinfo=full", "--zoo-full", "--max-worker-restart", "100"]
     if args.shards > 1:
         cmd += ["--shards", str(args.shards), "--shard", str(args.shard)]
     return cmd

@@ -93,6 +93,7 @@ FLAGS = [
     "--shards",
     "--shard",
     "--workers",
+    "--full",
     "--demo",
     "--dry_run",
 ]
@@ -122,6 +123,7 @@ def test_help_documents_exactly_the_flags() -> None:
         ["--use_cuda", "--cuda_version", "twelve"],
         ["--cuda_home", "/usr/local/cuda"],
         ["--config", "Fast"],
+        ["--full"],  # selects tests: needs --test
     ],
 )
 def test_removed_flags_and_bad_combinations_are_refused(flags: list[str]) -> None:
@@ -265,6 +267,8 @@ def test_plan_shards_workers_skip_tests_demo_torch_spec_and_index() -> None:
         "3",
     ]
     assert plan["tests"] == {"shards": 4, "shard": 3, "workers": "3"}
+    full = dry_run("--no_venv", "--skip_deps", "--test", "--full")
+    assert argv_of(step(full, "run the tests"))[7:10] == ["--opinfo=full", "--zoo-full", "--max-worker-restart"]
     skipped = dry_run("--no_venv", "--skip_deps", "--test", "--skip_tests", "--enable_lazy_tensor")
     assert "run the tests" not in titles(skipped) and "install ort-lazy (editable)" in titles(skipped)
     demo = dry_run("--no_venv", "--skip_deps", "--demo")

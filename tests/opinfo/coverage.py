@@ -24,6 +24,12 @@ from opinfo.table import DIRECTIONS, DTYPES, TABLE, Entry, Key, kind, read_table
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "COVERAGE.md"
 KINDS = ("ort", "fallback", "xfail", "skip")
+#: a matching case whose graph holds no compute op (views, metadata): nothing to run anywhere
+NO_COMPUTE = "fallback: no compute op in the graph"
+
+
+def _kind(status: str) -> str:
+    return "none" if status == NO_COMPUTE else kind(status)
 
 
 def _pct(n: int, total: int) -> str:
@@ -31,9 +37,9 @@ def _pct(n: int, total: int) -> str:
 
 
 def _row(label: list[str], statuses: list[str]) -> str:
-    counts = collections.Counter(kind(s) for s in statuses)
-    compared = len(statuses) - counts["skip"]
-    cells = [str(len(statuses))] + [_pct(counts[k], compared) for k in KINDS[:3]] + [str(counts["skip"])]
+    counts = collections.Counter(_kind(s) for s in statuses)
+    compared = len(statuses) - counts["skip"] - counts["none"]
+    cells = [str(len(statuses))] + [_pct(counts[k], compared) for k in KINDS[:3]] + [str(counts["none"]), str(counts["skip"])]
     return "| " + " | ".join(label + cells) + " |"
 
 
@@ -73,14 +79,16 @@ def render(entries: Mapping[Key, Entry]) -> str:
         "- **ort**: matches eager and ORT ran (for `backward`: the backward graph ran on ORT);",
         "- **fallback**: matches eager, nothing ran on ORT (reason below);",
         "- **xfail**: a known defect, the compiled call differs from eager (`wrong`) or raises (`crash`);",
+        "- **no compute**: matches eager, and the graph holds no compute op (views, metadata): there",
+        "  is nothing to run on any engine;",
         "- **skip**: nothing to compare (eager raises on every sample, no differentiable output ...).",
         "",
-        "Shares are of the compared cases (skips left out).",
+        "Shares are of the cases with something to run (no-compute cases and skips left out).",
         "",
         "## By dtype and direction",
         "",
-        "| dtype | direction | cases | ort | fallback | xfail | skip |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| dtype | direction | cases | ort | fallback | xfail | no compute | skip |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for dtype in DTYPES:
         for direction in DIRECTIONS:

@@ -90,6 +90,7 @@ _SCALAR_ARITHMETIC = {
     _aten.mul.Tensor: _aten.mul.Tensor, _aten.mul.Scalar: _aten.mul.Tensor,
     _aten.div.Tensor: _aten.div.Tensor, _aten.div.Scalar: _aten.div.Tensor,
     _aten.rsub.Scalar: _aten.rsub.Tensor,
+    _aten.pow.Tensor_Scalar: _aten.pow.Tensor_Tensor,
 }
 
 

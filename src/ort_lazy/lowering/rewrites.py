@@ -311,6 +311,26 @@ def _full_precision_only(op: Any) -> Any:
     return decompose
 
 
+def vector_norm(x: torch.Tensor, ord: Any = 2, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Any:
+    """``linalg_vector_norm`` where the exporter's translation loses precision:
+
+    * float16 / bfloat16: computed in float32 and rounded once, as eager's kernel accumulates
+      (per-op float16 steps overflow: ``|x|**6`` of 8.5 is inf in float16);
+    * float64 with an ord other than 0, 1, 2, +-inf: ``sum(|x|**ord) ** (1/ord)`` in aten ops,
+      whose float exponents are kept exact (the translation's ``1/ord`` is a float32 constant:
+      2e-7 relative error).
+    """
+    if dtype is not None:
+        return NotImplemented
+    if x.dtype in (torch.float16, torch.bfloat16):
+        return _aten.linalg_vector_norm.default(x.float(), ord, dim, keepdim).to(x.dtype)
+    if x.dtype == torch.float64 and isinstance(ord, (int, float)) and ord not in (0, 1, 2, math.inf, -math.inf):
+        dims = list(range(x.dim())) if dim is None else ([dim] if isinstance(dim, int) else list(dim))
+        total = x.abs().pow(float(ord)).sum(dims, keepdim=keepdim)
+        return total.pow(1.0 / float(ord))
+    return NotImplemented
+
+
 def hardtanh_backward(grad: torch.Tensor, x: torch.Tensor, min_val: float, max_val: float) -> Any:
     """``hardtanh_backward`` outside float32 as one select; the exporter's translation is
     ill-typed there. NaN inputs follow eager's CPU kernels, which differ by dtype: float16 and
@@ -488,6 +508,7 @@ DECOMPOSITIONS = {
     _aten._native_batch_norm_legit_no_training.default: batch_norm_no_training,
     _aten.native_layer_norm.default: layer_norm_low_precision,
     _aten.hardtanh_backward.default: hardtanh_backward,
+    _aten.linalg_vector_norm.default: vector_norm,
     **{op: _full_precision_only(op) for op in (_aten.soft_margin_loss.default, _aten.soft_margin_loss_backward.default)},
     _aten._safe_softmax.default: safe_softmax,
     _aten.native_batch_norm.default: native_batch_norm,
