@@ -114,3 +114,17 @@ def test_training_graphs_keep_weights_as_inputs() -> None:
         out = compile_ort(model)(x)
         out.sum().backward()
     assert models and all(not m.external for m in models)
+
+
+def test_explain_reports_the_accuracy_of_a_reduced_precision() -> None:
+    import ort_lazy
+
+    torch.manual_seed(0)
+    ffn = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.ReLU(), torch.nn.Linear(256, 128)).eval()
+    x = torch.randn(8, 128)
+    with torch.no_grad():
+        report = ort_lazy.explain(ffn, x, precision="int8-dynamic")
+    acc = report.as_dict()["accuracy"]
+    assert acc["precision"] == "int8-dynamic" and 0 < acc["max_rel_error"] < 0.05, acc
+    assert "precision int8-dynamic" in str(report)
+    assert ort_lazy.explain(ffn, x).accuracy is None

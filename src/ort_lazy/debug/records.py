@@ -163,6 +163,9 @@ class ExplainReport:
     graph_breaks: list[GraphBreak] = field(default_factory=list)
     #: graphs dynamo captured (None: not known, e.g. a report built from records alone)
     dynamo_graphs: int | None = None
+    #: with a reduced ``precision``: how far the outputs are from eager PyTorch's
+    #: (``precision``, ``max_abs_error``, ``max_rel_error`` = max abs error / max |eager|)
+    accuracy: dict[str, Any] | None = None
 
     @property
     def ops_total(self) -> int:
@@ -193,6 +196,7 @@ class ExplainReport:
             "ops_on_ort": self.ops_on_ort,
             "share_on_ort": self.share_on_ort,
             "dynamo_graphs": self.dynamo_graphs,
+            "accuracy": self.accuracy,
             "graph_breaks": [b.as_dict() for b in self.graph_breaks],
             "graphs": [
                 {
@@ -223,6 +227,12 @@ class ExplainReport:
         if skipped:
             head += f", {skipped} function(s) dynamo left to Python (not on ORT)"
         lines = [head]
+        if self.accuracy is not None:
+            a = self.accuracy
+            lines.append(
+                f"  precision {a['precision']}: outputs {a['max_abs_error']:.3g} from eager PyTorch at most "
+                f"({a['max_rel_error']:.2%} of the largest |output|)"
+            )
         if self.dynamo_graphs == 0:
             lines.append("  dynamo captured no graph: everything ran in Python / eager PyTorch")
         for b in self.graph_breaks:

@@ -57,7 +57,22 @@ def explain(model: Any, *example_inputs: Any, backward: bool = False, **options:
         _tag_backward(records)
     breaks += _unmatched_breaks(before, _compat.graph_break_counts(), breaks)
     torch._dynamo.reset()
-    return ExplainReport(list(records), graph_breaks=breaks, dynamo_graphs=graphs)
+    accuracy = _accuracy(model, example_inputs, out, opts.precision) if opts.precision != "fp32" else None
+    return ExplainReport(list(records), graph_breaks=breaks, dynamo_graphs=graphs, accuracy=accuracy)
+
+
+def _accuracy(model: Any, example_inputs: Sequence[Any], out: Any, precision: str) -> dict[str, Any]:
+    """How far ``out`` (compiled with a reduced precision) is from eager PyTorch's outputs."""
+    with torch.no_grad():
+        expected = _copy_model(model)(*torch.utils._pytree.tree_map(_copy_tensor, list(example_inputs)))
+    pairs = [
+        (a.detach().double(), b.detach().double())
+        for a, b in zip(torch.utils._pytree.tree_leaves(out), torch.utils._pytree.tree_leaves(expected))
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and b.is_floating_point() and b.numel()
+    ]
+    abs_error = max((float((a - b).abs().max()) for a, b in pairs), default=0.0)
+    scale = max((float(b.abs().max()) for _, b in pairs), default=0.0)
+    return {"precision": precision, "max_abs_error": abs_error, "max_rel_error": abs_error / scale if scale else 0.0}
 
 
 def _copy_model(model: Any) -> Any:
