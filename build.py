@@ -65,6 +65,8 @@ TEST_DEPS = [
     "transformers==5.24.0",
     "huggingface-hub",
     "safetensors",
+    # timm's own dependencies except torchvision (installed --no-deps below); timm.data imports PIL
+    "pillow",
 ]
 #: test packages installed without their dependencies: timm asks for torchvision, whose PyPI
 #: wheel is CUDA-linked and would replace the pinned CPU torch

@@ -38,6 +38,8 @@ class CapturedCall:
     outputs: list[torch.Tensor]
     session: Any
     name: str
+    #: tensors behind the model's external initializers (shared weights), by name
+    initializers: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
 
 
 @contextlib.contextmanager
@@ -80,6 +82,7 @@ def _snapshot(runner: Any, inputs: Sequence[Any], outs: Sequence[torch.Tensor]) 
         outputs=[torch.empty_like(o, memory_format=torch.contiguous_format) for o in outs],
         session=runner.session,
         name=runner.model.name,
+        initializers=dict(getattr(runner, "initializers", {}) or {}),
     )
 
 
@@ -103,9 +106,14 @@ class FloorRunner:
         for call in self.calls:
             sess = call.session
             if fresh_sessions and sess is not None:
+                so = sess.get_session_options()
+                if call.initializers:
+                    # shared weights: the same memory ort-lazy's session reads
+                    names = list(call.initializers)
+                    so.add_external_initializers(names, [_ortvalue(call.initializers[n]) for n in names])
                 sess = ort.InferenceSession(
                     _clamp_ir(call.model_bytes),
-                    sess_options=sess.get_session_options(),
+                    sess_options=so,
                     providers=sess.get_providers(),
                     provider_options=[sess.get_provider_options().get(p, {}) for p in sess.get_providers()],
                 )
@@ -141,6 +149,12 @@ class FloorRunner:
         self._call()
 
 
+def _ortvalue(tensor: torch.Tensor) -> Any:
+    from ort_lazy.runtime import _ort
+
+    return _ort.ortvalue_of(tensor)
+
+
 def _clamp_ir(model_bytes: bytes) -> bytes:
     try:
         from ort_lazy.runtime.session import _clamp_ir_version
@@ -166,19 +180,30 @@ def capture_regions(
 
 
 def export_floor(
-    model: torch.nn.Module, inputs: Sequence[torch.Tensor], threads: int
+    model: torch.nn.Module,
+    inputs: Sequence[torch.Tensor],
+    threads: int,
+    *,
+    optimize: bool = False,
+    default_options: bool = False,
 ) -> FloorRunner:
-    """A floor from ``torch.onnx.export(dynamo=True)`` of ``model`` (used when ort-lazy fails)."""
+    """``model`` exported by ``torch.onnx.export(dynamo=True)`` (weights as initializers) and run
+    by ORT with inputs and outputs bound once.
+
+    ``optimize``: run the exporter's optimizer. ``default_options``: ORT's default session
+    options but ``threads`` (the best direct ORT run); otherwise the options ort-lazy uses.
+    """
     import onnxruntime as ort
 
     with torch.no_grad():
-        program = torch.onnx.export(model, tuple(inputs), dynamo=True, verbose=False)
+        program = torch.onnx.export(model, tuple(inputs), dynamo=True, verbose=False, optimize=optimize)
         expected = model(*inputs)
     model_bytes = program.model_proto.SerializeToString()
     so = ort.SessionOptions()
     so.log_severity_level = 3
     so.intra_op_num_threads = threads
-    so.add_session_config_entry("session.intra_op.allow_spinning", "1")
+    if not default_options:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "1")
     sess = ort.InferenceSession(model_bytes, sess_options=so, providers=["CPUExecutionProvider"])
     outs = expected if isinstance(expected, (tuple, list)) else [expected]
     call = CapturedCall(

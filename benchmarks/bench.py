@@ -8,7 +8,17 @@ Every built-in model (:data:`ort_lazy.models.BUILTIN`) runs side by side in one 
 * ``ort+freeze``: the same with ``freeze_weights=True`` (inference, with ``--freeze``);
 * ``floor``: the ONNX graphs ort-lazy runs, executed directly by ORT with inputs and outputs
   bound once (IOBinding, ``run_with_iobinding``), same session options (inference only);
-* ``floor+freeze``: the floor of the frozen graphs (inference, with ``--freeze``).
+* ``floor+freeze``: the floor of the frozen graphs (inference, with ``--freeze``);
+* ``best-ort``: the best direct ORT run of the same model: ``torch.onnx.export(dynamo=True)``
+  with its optimizer, weights as initializers, ORT's default CPU session options, inputs and
+  outputs bound once (inference only). Every row reports ``x best`` against it;
+* ``eager-mixed`` / ``ort-mixed``: the mixed regime, each call right after one 512x512 PyTorch
+  matmul (what a graph with PyTorch work between ORT regions, or a training step, sees). The
+  matmul's own time, measured alone, is taken off: ``penalty`` is the remaining time over the
+  same backend's time alone.
+
+Besides the built-in models, ``--models`` takes real models (:data:`_models.ZOO`: BERT,
+GPT-2, ResNet-18, ViT-Tiny from transformers' classes, random weights).
 
 Modes: ``inference`` (eval, ``torch.no_grad``) and ``train`` (forward, ``backward``, SGD step).
 Timed calls of all rows of one model and mode are interleaved in rounds so drift in machine
@@ -55,11 +65,21 @@ if str(_HERE) not in sys.path:
     sys.path.insert(0, str(_HERE))
 
 from _floor import FloorRunner, capture_regions, export_floor  # noqa: E402
+from _models import ZOO  # noqa: E402
 
 __all__ = ["main", "run_suite", "BACKENDS", "TARGETS", "Row", "Case", "Prepared", "Backend"]
 
 MODES = ("inference", "train")
-DEFAULT_BACKENDS = ("eager", "dynamo", "inductor", "ort", "floor")
+DEFAULT_BACKENDS = ("eager", "dynamo", "inductor", "ort", "floor", "best-ort", "eager-mixed", "ort-mixed")
+#: the PyTorch work before each call of a mixed-regime row: one matmul of this size
+MIXED_MM = 512
+
+
+def known_models() -> dict[str, Any]:
+    """Every model ``--models`` accepts: the built-ins, then the zoo."""
+    from ort_lazy.models import BUILTIN
+
+    return {**BUILTIN, **ZOO}
 
 
 # ----------------------------------------------------------------------------- data
@@ -106,6 +126,7 @@ class Backend:
     modes: tuple[str, ...]
     build: Callable[[Case], Prepared]
     floor_of: str | None = None  # the floor row this backend's ``vs_floor`` uses
+    alone: str | None = None  # mixed-regime rows: the row of the same backend called alone
 
 
 @dataclasses.dataclass
@@ -129,6 +150,10 @@ class Row:
     vs_eager: float | None = None
     vs_floor: float | None = None
     vs_inductor: float | None = None
+    #: median over the best direct ORT run's median (``best-ort``)
+    vs_best: float | None = None
+    #: mixed-regime rows: (median - the PyTorch matmul's time alone) / the backend's median alone
+    mixed_penalty: float | None = None
     first_vs_inductor: float | None = None
     #: (first call - dynamo's first call) / (Inductor's first call - dynamo's first call):
     #: the backend's own compile time against Inductor's, without the trace both share
@@ -236,6 +261,44 @@ def _build_ort(case: Case, freeze: bool = False) -> Prepared:
     return Prepared(step, first, out, note=note, extra=extra)
 
 
+def _build_best_ort(case: Case) -> Prepared:
+    """``torch.onnx.export(dynamo=True, optimize=True)``, default ORT options, IOBinding."""
+    if case.train:
+        raise ValueError("the best ORT run is measured for inference only")
+    start = time.perf_counter()
+    runner = export_floor(case.fresh_model(), case.inputs, case.threads, optimize=True, default_options=True)
+    runner()
+    first = time.perf_counter() - start
+    outs = runner.outputs()
+    return Prepared(runner, first, outs[0] if len(outs) == 1 else None, note="torch.onnx.export(dynamo=True, optimize=True)")
+
+
+def _mixed(build: Callable[[Case], Prepared]) -> Callable[[Case], Prepared]:
+    """A row of ``build``'s backend whose every call follows one PyTorch matmul."""
+
+    def build_mixed(case: Case) -> Prepared:
+        p = build(case)
+        a = torch.randn(MIXED_MM, MIXED_MM)
+        b = torch.randn(MIXED_MM, MIXED_MM)
+        work = torch.empty(MIXED_MM, MIXED_MM)
+        inner = p.step
+
+        def step() -> Any:
+            torch.mm(a, b, out=work)
+            return inner()
+
+        samples: list[float] = []
+        for _ in range(30):
+            t0 = time.perf_counter()
+            torch.mm(a, b, out=work)
+            samples.append(time.perf_counter() - t0)
+        pre_ms = statistics.median(samples[10:]) * 1e3
+        note = f"after a {MIXED_MM}x{MIXED_MM} torch matmul ({pre_ms:.3f} ms alone)"
+        return Prepared(step, p.first_call_s, p.output, note=note, extra={**p.extra, "pre_ms": pre_ms})
+
+    return build_mixed
+
+
 def _build_floor(case: Case, freeze: bool = False) -> Prepared:
     if case.train:
         raise ValueError("the floor is measured for inference only")
@@ -275,6 +338,9 @@ BACKENDS: dict[str, Backend] = {
     "ort+freeze": Backend("ort+freeze", ("inference",), lambda c: _build_ort(c, freeze=True), floor_of="floor+freeze"),
     "floor": Backend("floor", ("inference",), _build_floor),
     "floor+freeze": Backend("floor+freeze", ("inference",), lambda c: _build_floor(c, freeze=True)),
+    "best-ort": Backend("best-ort", ("inference",), _build_best_ort),
+    "eager-mixed": Backend("eager-mixed", MODES, _mixed(_build_eager), alone="eager"),
+    "ort-mixed": Backend("ort-mixed", MODES, _mixed(_build_ort), alone="ort"),
 }
 
 
@@ -563,16 +629,25 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def add_ratios(rows: Sequence[Row]) -> None:
-    """Fill ``vs_eager``, ``vs_floor``, ``vs_inductor``, ``first_vs_inductor`` and
-    ``compile_vs_inductor`` in place."""
+    """Fill ``vs_eager``, ``vs_floor``, ``vs_inductor``, ``vs_best``, ``mixed_penalty``,
+    ``first_vs_inductor`` and ``compile_vs_inductor`` in place."""
     groups: dict[tuple[str, str], dict[str, Row]] = {}
     for r in rows:
         groups.setdefault((r.model, r.mode), {})[r.backend] = r
     for group in groups.values():
         eager, inductor, dynamo = group.get("eager"), group.get("inductor"), group.get("dynamo")
+        best = group.get("best-ort")
         for r in group.values():
             if r.status != "ok":
                 continue
+            if best is not None and best.status == "ok" and r is not best:
+                r.vs_best = _ratio(r.median_ms, best.median_ms)
+            spec = BACKENDS.get(r.backend)
+            alone = group.get(spec.alone) if spec is not None and spec.alone else None
+            if alone is not None and alone.status == "ok" and r.median_ms is not None:
+                r.mixed_penalty = _ratio(r.median_ms - r.extra.get("pre_ms", 0.0), alone.median_ms)
+                if r.mixed_penalty is not None:
+                    r.note += f", penalty {r.mixed_penalty:.2f}x"
             if eager is not None and r is not eager:
                 r.vs_eager = _ratio(r.median_ms, eager.median_ms)
             if inductor is not None and r is not inductor:
@@ -608,6 +683,11 @@ class Target:
 TARGETS: tuple[Target, ...] = (
     Target("TransformerEncoderLayer inference vs eager", "transformer", "inference", "ort", "vs_eager", 0.60),
     Target("TransformerEncoderLayer inference vs raw ORT floor", "transformer", "inference", "ort", "vs_floor", 1.02),
+    Target("TransformerEncoderLayer inference vs best ORT run", "transformer", "inference", "ort", "vs_best", 1.10),
+    Target("MLP inference vs best ORT run", "mlp", "inference", "ort", "vs_best", 1.50),
+    Target("Mixed regime penalty (TransformerEncoderLayer after a torch matmul)", "transformer", "inference", "ort-mixed", "mixed_penalty", 1.15),
+    *(Target(f"{m} inference vs best ORT run", m, "inference", "ort", "vs_best", 1.10) for m in ("bert", "gpt2", "resnet", "vit")),
+    *(Target(f"Training step ({m}) vs eager", m, "train", "ort", "vs_eager", 1.00) for m in ("bert", "gpt2", "resnet", "vit")),
     Target("MLP inference vs eager", "mlp", "inference", "ort", "vs_eager", 0.60),
     Target("MLP inference vs raw ORT floor", "mlp", "inference", "ort", "vs_floor", 1.30),
     Target("Training step (TransformerEncoderLayer) vs eager", "transformer", "train", "ort", "vs_eager", 0.90),
@@ -655,21 +735,21 @@ def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
 def format_table(rows: Sequence[Row]) -> str:
     """The results as a fixed-width text table."""
     header = ("model", "mode", "backend", "median ms", "p90 ms", "first s", "peak MiB",
-              "x eager", "x floor", "x induct", "1st/ind", "cmp/ind", "max|diff|", "notes")
+              "x eager", "x floor", "x best", "x induct", "1st/ind", "cmp/ind", "max|diff|", "notes")
     lines = []
     for r in rows:
         if r.status != "ok":
-            lines.append((r.model, r.mode, r.backend, "-", "-", _fmt(r.first_call_s, ".3f"), "-", "-", "-", "-", "-", "-", "-",
+            lines.append((r.model, r.mode, r.backend, "-", "-", _fmt(r.first_call_s, ".3f"), "-", "-", "-", "-", "-", "-", "-", "-",
                           f"ERROR {(r.error or '')[:90]}"))
             continue
         lines.append((
             r.model, r.mode, r.backend,
             _fmt(r.median_ms, ".3f"), _fmt(r.p90_ms, ".3f"), _fmt(r.first_call_s, ".3f"), _fmt(r.peak_mib, ".1f"),
-            _fmt(r.vs_eager, ".2f", "x"), _fmt(r.vs_floor, ".2f", "x"), _fmt(r.vs_inductor, ".2f", "x"),
+            _fmt(r.vs_eager, ".2f", "x"), _fmt(r.vs_floor, ".2f", "x"), _fmt(r.vs_best, ".2f", "x"), _fmt(r.vs_inductor, ".2f", "x"),
             _fmt(r.first_vs_inductor, ".3f", "x"), _fmt(r.compile_vs_inductor, ".3f", "x"), _fmt(r.max_abs_diff, ".1e"), r.note,
         ))
     widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h) for i, h in enumerate(header)]
-    right = set(range(3, 13))
+    right = set(range(3, 14))
 
     def render(cells: Sequence[str]) -> str:
         parts = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))]
@@ -711,7 +791,7 @@ def write_png(rows: Sequence[Row], path: Path) -> bool:
     backends = [b for b in dict.fromkeys(r.backend for r in rows) if b != "eager"]
     index = {(r.model, r.mode, r.backend): r for r in rows}
     fig, axes = plt.subplots(2, 1, figsize=(max(8.0, 1.1 * len(groups) + 3), 8), constrained_layout=True)
-    panels = (("vs_eager", "time / eager (lower is faster)"), ("vs_floor", "time / raw ORT floor"))
+    panels = (("vs_eager", "time / eager (lower is faster)"), ("vs_best", "time / best direct ORT run"))
     width = 0.8 / max(1, len(backends))
     labels = [f"{m}\n{mode}" for m, mode in groups]
     for ax, (field, title) in zip(axes, panels):
@@ -765,13 +845,14 @@ def _csv(text: str) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command-line options of the suite."""
-    from ort_lazy.models import BUILTIN
-
     p = argparse.ArgumentParser(
         prog="ort-lazy bench",
         description="Eager PyTorch vs Inductor vs torch.compile(backend='ort') vs the raw ORT floor, side by side.",
     )
-    p.add_argument("--models", default=",".join(BUILTIN), help=f"comma-separated, from: {', '.join(BUILTIN)}")
+    from ort_lazy.models import BUILTIN
+
+    p.add_argument("--models", default=",".join(BUILTIN),
+                   help=f"comma-separated, from: {', '.join(known_models())} (default: the built-ins)")
     p.add_argument("--modes", default=",".join(MODES), help="inference, train or both (comma-separated)")
     p.add_argument("--backends", default=",".join(DEFAULT_BACKENDS),
                    help=f"comma-separated, from: {', '.join(BACKENDS)} (--freeze adds the +freeze rows)")
@@ -796,14 +877,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_suite(args: argparse.Namespace, log: Callable[[str], None]) -> tuple[list[Row], dict[str, Any]]:
     """Run every selected model, mode and backend; the rows (ratios filled) and run metadata."""
-    from ort_lazy.models import BUILTIN
-
     models = _csv(args.models)
     modes = _csv(args.modes)
     backends = _csv(args.backends)
     if args.freeze:
         backends += [b for b in ("ort+freeze", "floor+freeze") if b not in backends]
-    for kind, chosen, known in (("model", models, BUILTIN), ("mode", modes, MODES), ("backend", backends, BACKENDS)):
+    for kind, chosen, known in (("model", models, known_models()), ("mode", modes, MODES), ("backend", backends, BACKENDS)):
         unknown = [c for c in chosen if c not in known]
         if unknown:
             raise SystemExit(f"unknown {kind}(s) {unknown}; choose from {', '.join(known)}")
@@ -831,14 +910,13 @@ def _run_models(
     ort_options: dict[str, Any],
     log: Callable[[str], None],
 ) -> tuple[list[Row], dict[str, Any]]:
-    from ort_lazy.models import BUILTIN
-
+    catalogue = known_models()
     rss = _Rss()
     started = time.perf_counter()
     prime = _prime(backends, ort_options, log)
     rows: list[Row] = []
     for model_name in models:
-        spec = BUILTIN[model_name]
+        spec = catalogue[model_name]
         torch.manual_seed(args.seed)
         template = spec.make()
         inputs = tuple(spec.inputs())

@@ -59,6 +59,46 @@ def test_a_changed_parameter_is_never_stale(change: str) -> None:
     assert c["weight_refreshes"] == 1 and c["ort_runs"] == 3, c
 
 
+def _conv_bn() -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU())
+    with torch.no_grad():  # statistics that are not the identity, so folding them matters
+        model[1].running_mean.uniform_(-0.5, 0.5)
+        model[1].running_var.uniform_(0.5, 2.0)
+    return model
+
+
+def test_buffers_are_initializers_too_and_never_stale() -> None:
+    model = _conv_bn().eval()
+    x = torch.randn(2, 3, 10, 10)
+    with torch.no_grad(), captured_exports() as models:
+        compiled = compile_ort(model)
+        assert_close(compiled(x), model(x))
+        # batch norm's running statistics are buffers: initializers ORT folds into the conv
+        (exported,) = models
+        assert len(exported.input_names) == 1, exported.input_names
+        assert len(exported.external) == 6  # conv weight/bias, bn weight/bias/mean/var
+        model[1].running_var.mul_(3.0)
+        assert_close(compiled(x), model(x))
+    assert_ran_on_ort()
+    assert metrics.counters()["weight_refreshes"] == 1
+
+
+def test_buffers_written_by_the_graph_stay_inputs() -> None:
+    """Train-mode batch norm under no_grad updates its statistics: they stay graph inputs,
+    updated as eager updates them, and no session is rebuilt per call."""
+    model, reference = _conv_bn().train(), _conv_bn().train()
+    x = torch.randn(2, 3, 10, 10)
+    compiled = compile_ort(model)
+    with torch.no_grad():
+        for _ in range(3):
+            assert_close(compiled(x), reference(x))
+    assert_close(model[1].running_mean, reference[1].running_mean)
+    assert_close(model[1].running_var, reference[1].running_var)
+    assert int(model[1].num_batches_tracked) == 3
+    assert metrics.counters()["weight_refreshes"] == 0
+
+
 def test_prepack_off_passes_weights_as_inputs() -> None:
     model = _mlp()
     x = torch.randn(5, 16)

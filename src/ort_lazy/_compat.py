@@ -150,6 +150,27 @@ def graph_break_of(gm: torch.fx.GraphModule) -> tuple[str, str | None, int | Non
     return str(getattr(reason, "reason", "")), getattr(frame, "filename", None), getattr(frame, "lineno", None)
 
 
+def module_state_positions(gm: torch.fx.GraphModule) -> set[int]:
+    """Placeholder positions of a dynamo graph that hold a module's parameter or buffer.
+
+    Read from the source dynamo records for each graph input (``L['self']._modules['bn']
+    ._buffers['running_mean']``); empty when the graph carries no sources (not from dynamo).
+    """
+    found: set[int] = set()
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, node in enumerate(placeholders):
+        arg = node.meta.get("grapharg")
+        source = getattr(arg, "source", None)
+        try:
+            name = source.name  # a cached property on torch 2.13, a method on older versions
+            name = name() if callable(name) else name
+        except Exception:
+            continue
+        if isinstance(name, str) and ("._parameters[" in name or "._buffers[" in name):
+            found.add(i)
+    return found
+
+
 def tracing_context(fake_mode: Any) -> Any:
     """A tracing context whose fake mode is ``fake_mode`` (passes look the mode up there)."""
     from torch._guards import TracingContext, tracing

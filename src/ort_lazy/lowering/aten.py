@@ -143,14 +143,46 @@ def _direct_call(forward: Callable[..., Any]) -> Callable[..., Any] | None:
 
 
 def _frozen_for(gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor]) -> dict[int, torch.Tensor] | None:
-    """Frozen weights by placeholder position, when the graph's inputs line up with dynamo's."""
+    """Frozen weights by placeholder position, when the graph's inputs line up with dynamo's.
+
+    A tensor the graph writes into (a buffer updated in place, such as batch norm's running
+    statistics in training mode) stays a graph input.
+    """
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for i, tensor in frozen.items():
         val = placeholders[i].meta.get("val") if i < len(placeholders) else None
         if not isinstance(val, torch.Tensor) or tuple(val.shape) != tuple(tensor.shape) or val.dtype != tensor.dtype:
             metrics.warn_once("freeze-mismatch", "ort-lazy: freeze_weights skipped: graph inputs do not line up with the weights")
             return None
-    return frozen
+    written = _written_placeholders(gm)
+    kept = {i: t for i, t in frozen.items() if placeholders[i].name not in written}
+    return kept or None
+
+
+def _written_placeholders(gm: torch.fx.GraphModule) -> set[str]:
+    """Names of the placeholders an op of ``gm`` writes into (input mutations)."""
+    names: set[str] = set()
+    for node in gm.graph.nodes:
+        target = node.target
+        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload) or not target._schema.is_mutable:
+            continue
+        for arg, value in zip(target._schema.arguments, node.args):
+            if arg.alias_info is not None and arg.alias_info.is_write and isinstance(value, torch.fx.Node):
+                if value.op == "placeholder":
+                    names.add(value.name)
+    return names
+
+
+def _module_state(gm: torch.nn.Module, example_inputs: Sequence[Any]) -> dict[int, torch.Tensor]:
+    """Inputs that are module state, by position: ``nn.Parameter`` inputs, and the tensors
+    dynamo took from a module's buffers (BatchNorm's running statistics, position ids)."""
+    state = set(_compat.module_state_positions(gm)) if isinstance(gm, torch.fx.GraphModule) else set()
+    return {
+        i: t
+        for i, t in enumerate(example_inputs)
+        if isinstance(t, torch.Tensor) and (isinstance(t, torch.nn.Parameter) or i in state)
+        and not isinstance(t, torch._subclasses.FakeTensor) and t.device.type != "meta"
+    }
 
 
 def compile_captured(gm: torch.nn.Module, example_inputs: Sequence[Any], options: Options) -> Callable[..., Any]:
@@ -170,9 +202,10 @@ def _compile(gm: torch.nn.Module, example_inputs: Sequence[Any], options: Option
     if isinstance(gm, torch.fx.GraphModule):
         work = copy_graph_module(gm)
         lower_fast_paths(work)
-    # Inference only: weights (nn.Parameter inputs) become ORT initializers (see weight_mode).
+    # Inference only: weights (parameters, and the buffers the graph does not write into)
+    # become ORT initializers (see weight_mode), so ORT can fold and prepack them.
     binds = weight_mode(options) is not None
-    frozen = {i: t for i, t in enumerate(example_inputs) if isinstance(t, torch.nn.Parameter)} if binds else None
+    frozen = _module_state(work, example_inputs) if binds else None
     aot = _compat.aot_autograd(
         fw_compiler=_aot_compiler(options, "forward"),
         bw_compiler=_aot_compiler(options, "backward"),

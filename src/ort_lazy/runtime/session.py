@@ -269,6 +269,8 @@ class OrtRunner:
         self.device = device
         self.spinning = spinning
         self.threads = threads
+        #: the tensors behind the model's external initializers (the session reads their memory)
+        self.initializers = dict(initializers or {})
         if device.type not in ORT_DEVICES:
             raise OrtRunError(f"no ORT execution provider reads tensors on device {device.type!r}")
         devkey = _device_key(device)
