@@ -305,7 +305,7 @@ def test_unwritable_metrics_file_is_no_failure(tmp_path):
         x = torch.randn(5)
         ok = [torch.allclose(f(x), torch.sin(x) * 2) for _ in range(2)]
         f2 = torch.compile(lambda t: torch.cos(t) + 1, backend="ort")
-        ok.append(torch.allclose(f2(x), torch.cos(x) + 1))
+        ok.append(torch.allclose(f2(x), torch.cos(x) + 1, atol=1e-6))  # cos differs by ulps near -1
         done(ok=ok)
         """,
         env={"ORT_LAZY_METRICS_FILE": str(tmp_path / "missing" / "dir" / "metrics.jsonl")},
@@ -520,7 +520,8 @@ def run_twice():
     for fn in (lambda t: torch.tanh(t) * 2, lambda t: torch.cos(t) - t):
         torch._dynamo.reset()
         f = torch.compile(fn, backend="ort", options={"cache_dir": str(cache)})
-        outs.append(torch.allclose(f(xs), fn(xs)))
+        # ORT's cos and PyTorch's differ by up to 4.8e-7: cos(t) - t near its root needs an atol
+        outs.append(torch.allclose(f(xs), fn(xs), rtol=1e-5, atol=1e-6))
     return outs
 """
 
@@ -658,7 +659,7 @@ def test_cache_directory_permissions_are_respected(tmp_path):
         """,
         setup=CACHE_RUN,
     )
-    assert all(v == [True, True] for v in facts["results"].values())
+    assert all(v == [True, True] for v in facts["results"].values()), facts
     assert stat.S_IMODE(shared.stat().st_mode) == 0o755  # kept as the user made it
     assert list(shared.glob("*.onnx"))  # and used
     assert stat.S_IMODE((tmp_path / "new" / "nested").stat().st_mode) == 0o700  # created private
