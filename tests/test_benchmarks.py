@@ -113,3 +113,27 @@ def test_compile_share_excludes_dynamo_trace(bench: ModuleType) -> None:
     assert math.isclose(by["dynamo"].vs_eager, 1.1)
     for name in ("eager", "dynamo", "inductor", "floor"):
         assert by[name].compile_vs_inductor is None, name
+
+
+def test_best_ort_and_mixed_rows(bench: ModuleType, tmp_path: Path) -> None:
+    """The best direct ORT run and the mixed-regime rows are measured, checked against eager and
+    carry their ratios (x best ORT, the penalty after PyTorch work)."""
+    json_path = tmp_path / "bench.json"
+    rc = bench.main([
+        "--models", "mlp", "--modes", "inference", "--backends", "eager,ort,best-ort,eager-mixed,ort-mixed",
+        "--quick", "--no-memory", "--json", str(json_path), "--png", "",
+    ])
+    assert rc == 0
+    rows = {r["backend"]: r for r in json.loads(json_path.read_text(encoding="utf-8"))["rows"]}
+    for name, row in rows.items():
+        assert row["status"] == "ok", (name, row["error"])
+    assert "torch.onnx.export" in rows["best-ort"]["note"]
+    assert rows["best-ort"]["max_abs_diff"] < 1e-4
+    assert _finite(rows["ort"]["vs_best"]) and rows["best-ort"]["vs_best"] is None
+    for name in ("eager-mixed", "ort-mixed"):
+        assert _finite(rows[name]["mixed_penalty"]), name
+        assert "penalty" in rows[name]["note"], name
+
+
+def test_zoo_models_are_known(bench: ModuleType) -> None:
+    assert {"bert", "gpt2", "resnet", "vit"} <= set(bench.known_models())
