@@ -7,6 +7,8 @@ Every check compares with eager PyTorch and says where the case ran (ORT or a na
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -276,3 +278,66 @@ def test_hardtanh_backward_outside_float32(dtype: torch.dtype) -> None:
     x = torch.tensor([-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, float("nan")], dtype=dtype)
     c = parity(F.hardtanh, x, rtol=1e-3, atol=1e-3)
     assert c["fallback_ops"] == 0, metrics.fallbacks()
+
+
+# -- 7. values beyond float32's range and precision: translations that round through float32 ----
+# ORT's ReduceSum/ReduceProd accumulate int64 in double; the exporter casts float64 to float32 in
+# isinf and divides integers in float32 for rounding modes; Log(1 + x) and Exp(x) - 1 lose every
+# digit below epsilon. op_db's samples are small and its tolerances scale with the largest value,
+# so none of this shows there: these cases compare element by element, relative, at atol 0.
+
+_BIG = torch.tensor([123456789012, -987654321098, 2**40 + 3, 7, -(2**53) - 1, 2**62, -5, 0])
+_DIVISORS = torch.tensor([7, 13, -5, 2, 3, 2**31, -3, 9])
+_HUGE = torch.tensor([1e300, -1e300, 1e-300, 3.0, -2.5, math.inf, -math.inf, math.nan, 0.0], dtype=torch.float64)
+_TINY = torch.tensor([0.0, -0.0, 1e-30, -1e-30, 1e-10, 1e-5, -0.3, 0.5, -0.999999, 3.0, 80.0, -80.0, math.inf, -math.inf, math.nan])
+_OTHER = torch.tensor([1.0, 0.0, -100.0, math.inf, -math.inf, math.nan, 5.0, 1e-30, -3.0, 1.0, 80.0, 2.0, math.inf, -math.inf, 0.0])
+
+_EXTREME = [
+    ("int64 sum", lambda x: x.sum(), (_BIG,)),
+    ("int64 sum over dims", lambda x: x.view(2, 4).sum(1), (_BIG,)),
+    ("int32 sum as int32", lambda x: x.sum(dtype=torch.int32), (torch.tensor([2**31 - 1, 2**31 - 1, 5], dtype=torch.int32),)),
+    ("int64 prod", lambda x: (x % 100003).prod(), (_BIG,)),
+    ("int64 prod over a dim", lambda x: x.view(4, 2).prod(0, keepdim=True), (_DIVISORS * 2**20,)),
+    ("int64 div floor", lambda a, b: torch.div(a, b, rounding_mode="floor"), (_BIG, _DIVISORS)),
+    ("int64 div trunc", lambda a, b: torch.div(a, b, rounding_mode="trunc"), (_BIG, _DIVISORS)),
+    ("int64 div trunc by a scalar", lambda a: torch.div(a, -7, rounding_mode="trunc"), (_BIG,)),
+    ("float64 isinf", torch.isinf, (_HUGE,)),
+    ("float64 isposinf", torch.isposinf, (_HUGE,)),
+    ("float64 isneginf", torch.isneginf, (_HUGE,)),
+    ("float64 fmax", lambda a: torch.fmax(a, a.flip(0)), (_HUGE,)),
+    ("float32 fmin", torch.fmin, (_TINY, _OTHER)),
+    ("int64 fmax", torch.fmax, (_BIG, _DIVISORS)),
+    ("float64 hypot", lambda a: torch.hypot(a, a.flip(0)), (_HUGE,)),
+    ("float32 hypot", torch.hypot, (torch.tensor([3e38, 1e-40, math.inf, 3.0]), torch.tensor([3e38, 1e-40, math.nan, 4.0]))),
+    ("float32 log1p", torch.log1p, (_TINY,)),
+    ("float64 log1p", torch.log1p, (_TINY.double(),)),
+    ("float32 expm1", torch.expm1, (_TINY,)),
+    ("float64 expm1", torch.expm1, (_TINY.double(),)),
+    ("float32 logaddexp", torch.logaddexp, (_TINY, _OTHER)),
+    ("float64 logaddexp", torch.logaddexp, (_TINY.double(), _OTHER.double())),
+]
+
+
+@pytest.mark.parametrize("name,fn,args", _EXTREME, ids=[c[0] for c in _EXTREME])
+def test_values_beyond_float32_are_exact(name: str, fn, args) -> None:
+    expected = fn(*args)
+    got = compile_ort(fn)(*args)
+    c = metrics.counters()
+    assert c["ort_runs"] >= 1 and c["fallback_ops"] == 0, (name, metrics.fallbacks())
+    assert got.dtype == expected.dtype and got.shape == expected.shape, (got, expected)
+    if not expected.is_floating_point():
+        assert torch.equal(got, expected), (got, expected)
+        return
+    assert torch.equal(got.isnan(), expected.isnan()), (got, expected)
+    finite = expected.isfinite()
+    assert torch.equal(got[~finite & ~expected.isnan()], expected[~finite & ~expected.isnan()]), (got, expected)
+    rel = (got[finite].double() - expected[finite].double()).abs() / expected[finite].double().abs().clamp_min(1e-300)
+    assert bool((rel <= 4 * torch.finfo(expected.dtype).eps).all()), (got, expected, rel.max())
+
+
+@pytest.mark.parametrize("fn", [torch.log1p, torch.expm1, lambda x: torch.logaddexp(x, x * 0.5), lambda x: torch.hypot(x, 2 * x),
+                                lambda x: torch.fmax(x, -x)], ids=["log1p", "expm1", "logaddexp", "hypot", "fmax"])
+def test_accurate_rewrites_train(fn) -> None:
+    x = torch.tensor([1e-6, -0.25, 0.5, 2.0, -3.0], dtype=torch.float64)
+    c = parity(fn, x, rtol=1e-12, atol=1e-14)
+    assert c["ort_runs"] >= 1 and c["fallback_ops"] == 0, metrics.fallbacks()

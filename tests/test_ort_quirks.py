@@ -53,3 +53,26 @@ def test_models_without_vector_products_keep_every_optimizer() -> None:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
     assert disabled_optimizers(model) == []
     assert disabled_optimizers(b"no matrix products here") == []
+
+
+def _int64_reduction(op: str) -> ort.InferenceSession:
+    graph = helper.make_graph(
+        [helper.make_node(op, ["x"], ["y"], keepdims=0)],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.INT64, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, [])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
+    return ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+
+
+def test_int64_reduce_sum_and_prod_still_go_through_double_in_this_onnxruntime() -> None:
+    """ort-lazy lowers int64/int32 sum to CumSum and prod to a tree of Mul
+    (``ort_lazy.lowering.rewrites.integer_sum`` / ``integer_prod``; tested in test_correctness)."""
+    x = np.array([2**53 + 1, 2], dtype=np.int64)
+    got_sum = int(_int64_reduction("ReduceSum").run(None, {"x": x})[0])
+    got_prod = int(_int64_reduction("ReduceProd").run(None, {"x": x})[0])
+    assert got_sum != 2**53 + 3 and got_prod != (2**53 + 1) * 2, (
+        f"onnxruntime {ort.__version__} sums and multiplies int64 exactly: the integer_sum / integer_prod "
+        "rewrites may go for this version"
+    )

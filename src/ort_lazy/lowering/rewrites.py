@@ -331,6 +331,188 @@ def vector_norm(x: torch.Tensor, ord: Any = 2, dim: Any = None, keepdim: bool = 
     return NotImplemented
 
 
+def nan_ignoring(op: Any) -> Any:
+    """``fmax`` / ``fmin`` (``op``: ``maximum`` / ``minimum``) as a select around ``op``: a NaN in
+    one operand gives the other, as eager does (ONNX has no NaN-ignoring Max/Min). Integers and
+    bool hold no NaN: ``op`` itself."""
+
+    def decompose(a: torch.Tensor, b: torch.Tensor) -> Any:
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return NotImplemented
+        both = op(a, b)
+        if not both.is_floating_point():
+            return both
+        a, b = a.to(both.dtype), b.to(both.dtype)
+        return torch.where(torch.isnan(a), b, torch.where(torch.isnan(b), a, both))
+
+    return decompose
+
+
+def hypot(a: torch.Tensor, b: torch.Tensor) -> Any:
+    """``hypot`` without intermediate overflow or underflow, as eager's libm kernel computes it.
+
+    float32 and narrower: ``sqrt(a*a + b*b)`` in float64 (no overflow or underflow for their
+    range) rounded once. float64: scaled by ``m = max(|a|, |b|)``: ``m * sqrt((a/m)**2 + (b/m)**2)``,
+    0 where both are 0, inf where either is infinite (even beside a NaN, as C's hypot).
+    """
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return NotImplemented
+    dtype = torch.result_type(a, b)
+    if not dtype.is_floating_point:
+        return NotImplemented
+    if dtype != torch.float64:
+        wa, wb = a.to(torch.float64).abs(), b.to(torch.float64).abs()
+        out = torch.sqrt(wa * wa + wb * wb)
+    else:
+        wa, wb = a.abs().to(dtype), b.abs().to(dtype)
+        m = torch.maximum(wa, wb)
+        safe = torch.where(m == 0, torch.ones_like(m), m)
+        qa, qb = wa / safe, wb / safe
+        out = m * torch.sqrt(qa * qa + qb * qb)
+    out = torch.where((wa == math.inf) | (wb == math.inf), torch.full_like(out, math.inf), out)
+    return out.to(dtype)
+
+
+def integer_division(a: torch.Tensor, b: Any, rounding_mode: str | None = None) -> Any:
+    """``div`` of integers with ``rounding_mode`` "floor" / "trunc" in integer arithmetic: the
+    exporter's translation divides in float32, wrong from 2**24 (``123456789 // 7`` off by 2).
+    Floor is ``floor_divide``; trunc adds 1 back where the signs differ and a remainder is left."""
+    if rounding_mode not in ("floor", "trunc") or not isinstance(a, torch.Tensor):
+        return NotImplemented
+    if not isinstance(b, torch.Tensor):
+        if not isinstance(b, int) or isinstance(b, bool):
+            return NotImplemented
+        b = torch.scalar_tensor(b, dtype=a.dtype, device=a.device)
+    if a.is_floating_point() or b.is_floating_point() or a.dtype == torch.bool or b.dtype == torch.bool:
+        return NotImplemented
+    q = torch.floor_divide(a, b)
+    if rounding_mode == "floor":
+        return q
+    inexact = (q * b) != a
+    return torch.where(inexact & ((a < 0) != (b < 0)), q + 1, q)
+
+
+def infinity_test(kind: str) -> Any:
+    """``isinf`` / ``isposinf`` / ``isneginf`` of float64 as comparisons: the exporter's
+    translation casts to float32 first, so 1e300 reads as infinite."""
+
+    def decompose(x: torch.Tensor) -> Any:
+        if x.dtype != torch.float64:
+            return NotImplemented
+        if kind == "pos":
+            return x == math.inf
+        if kind == "neg":
+            return x == -math.inf
+        return x.abs() == math.inf
+
+    return decompose
+
+
+_INTEGRAL = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool)
+
+
+def _reduced_last(x: torch.Tensor, dim: Any, keepdim: bool) -> tuple[torch.Tensor, list[int]] | None:
+    """``x`` with the reduced dimensions moved last and flattened into one, and the result's
+    shape; None when the sizes are symbolic."""
+    if not all(isinstance(n, int) for n in x.shape):
+        return None
+    rank = x.dim()
+    if rank == 0:
+        return x.reshape(1), []
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        dims = list(range(rank))
+    else:
+        dims = sorted({d % max(rank, 1) for d in ([dim] if isinstance(dim, int) else dim)})
+    kept = [d for d in range(rank) if d not in dims]
+    shape = [1 if d in dims else x.shape[d] for d in range(rank)] if keepdim else [x.shape[d] for d in kept]
+    flat = x.permute(*kept, *dims).reshape(*[x.shape[d] for d in kept], -1)
+    return flat, shape
+
+
+def integer_sum(x: torch.Tensor, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Any:
+    """int64 / int32 ``sum`` as the last element of a cumulative sum: ORT's ReduceSum accumulates int64 in
+    double (onnxruntime 1.32: ``2**53 + 1`` sums to ``2**53``, overflow saturates where eager
+    wraps); its CumSum is exact."""
+    out = dtype or torch.int64
+    if x.dtype not in _INTEGRAL or out not in (torch.int64, torch.int32):
+        return NotImplemented
+    moved = _reduced_last(x.to(out), dim, keepdim)
+    if moved is None:
+        return NotImplemented
+    flat, shape = moved
+    if flat.shape[-1] == 0:
+        return torch.zeros(shape, dtype=out, device=x.device)
+    return flat.cumsum(-1, dtype=out).select(-1, -1).reshape(shape)
+
+
+def integer_prod(x: torch.Tensor, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Any:
+    """int64 / int32 ``prod`` as a tree of products of halves: ORT's ReduceProd multiplies int64 in double
+    (wrong beyond 2**53). Products modulo 2**64 in any order equal eager's."""
+    out = dtype or torch.int64
+    if x.dtype not in _INTEGRAL or out not in (torch.int64, torch.int32):
+        return NotImplemented
+    moved = _reduced_last(x.to(out), dim, keepdim)
+    if moved is None:
+        return NotImplemented
+    flat, shape = moved
+    if flat.shape[-1] == 0:
+        return torch.ones(shape, dtype=out, device=x.device)
+    while flat.shape[-1] > 1:
+        n = flat.shape[-1]
+        if n % 2:
+            flat = torch.cat([flat, torch.ones_like(flat[..., :1])], -1)
+            n += 1
+        flat = flat[..., : n // 2] * flat[..., n // 2 :]
+    return flat.select(-1, 0).reshape(shape)
+
+
+def _prod_dim(x: torch.Tensor, dim: int, keepdim: bool = False, *, dtype: Any = None) -> Any:
+    return integer_prod(x, [dim], keepdim, dtype=dtype)
+
+
+def _accurate_log1p(x: torch.Tensor) -> torch.Tensor:
+    u = 1 + x
+    d = u - 1
+    # log(u) * x / (u - 1) cancels the rounding of 1 + x (Goldberg); exact where 1 + x rounds to 1
+    body = torch.where(d == 0, x, torch.log(u) * (x / torch.where(d == 0, torch.ones_like(d), d)))
+    return torch.where(x == math.inf, x, body)
+
+
+def log1p(x: torch.Tensor) -> Any:
+    """``log1p`` accurate for small ``x`` in float32 / float64: the exporter's ``Log(1 + x)`` is 0
+    for ``|x|`` below the dtype's epsilon (``log1p(1e-10)`` gave 0 in float32)."""
+    if x.dtype not in (torch.float32, torch.float64):
+        return NotImplemented
+    return _accurate_log1p(x)
+
+
+def expm1(x: torch.Tensor) -> Any:
+    """``expm1`` accurate for small ``x`` in float32 / float64 (the exporter's ``Exp(x) - 1``
+    is 0 below the dtype's epsilon): ``(e**x - 1) * x / log(e**x)`` for ``|x| < 1`` (Kahan)."""
+    if x.dtype not in (torch.float32, torch.float64):
+        return NotImplemented
+    u = torch.exp(x)
+    small = torch.abs(x) < 1
+    logu = torch.where(small & (u != 1), torch.log(u), torch.ones_like(u))
+    body = torch.where(small, (u - 1) * x / logu, u - 1)
+    return torch.where(u == 1, x, body)
+
+
+def logaddexp(a: torch.Tensor, b: torch.Tensor) -> Any:
+    """``logaddexp`` as ``max + log1p(exp(-|a - b|))`` with :func:`log1p`'s accuracy (the
+    exporter's form loses results below epsilon: ``logaddexp(-100, 0)`` gave 0), and equal
+    infinities kept."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return NotImplemented
+    dtype = torch.result_type(a, b)
+    if dtype not in (torch.float32, torch.float64):
+        return NotImplemented
+    a, b = a.to(dtype), b.to(dtype)
+    m = torch.maximum(a, b)
+    same_inf = torch.isinf(a) & (a == b)
+    return torch.where(same_inf, a, m + _accurate_log1p(torch.exp(-torch.abs(a - b))))
+
+
 def hardtanh_backward(grad: torch.Tensor, x: torch.Tensor, min_val: float, max_val: float) -> Any:
     """``hardtanh_backward`` outside float32 as one select; the exporter's translation is
     ill-typed there. NaN inputs follow eager's CPU kernels, which differ by dtype: float16 and
@@ -514,4 +696,19 @@ DECOMPOSITIONS = {
     _aten.native_batch_norm.default: native_batch_norm,
     _aten._adaptive_avg_pool2d_backward.default: adaptive_avg_pool2d_backward,
     _aten.gelu.default: gelu,
+    _aten.fmax.default: nan_ignoring(torch.maximum),
+    _aten.fmin.default: nan_ignoring(torch.minimum),
+    _aten.hypot.default: hypot,
+    _aten.div.Tensor_mode: integer_division,
+    _aten.div.Scalar_mode: integer_division,
+    _aten.isinf.default: infinity_test("any"),
+    _aten.isposinf.default: infinity_test("pos"),
+    _aten.isneginf.default: infinity_test("neg"),
+    _aten.sum.default: integer_sum,
+    _aten.sum.dim_IntList: integer_sum,
+    _aten.prod.default: integer_prod,
+    _aten.prod.dim_int: _prod_dim,
+    _aten.log1p.default: log1p,
+    _aten.expm1.default: expm1,
+    _aten.logaddexp.default: logaddexp,
 }

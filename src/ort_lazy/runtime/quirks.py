@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["disabled_optimizers", "MATMUL_TRANSPOSE_FUSION", "missing_at_run_time"]
+__all__ = ["disabled_optimizers", "MATMUL_TRANSPOSE_FUSION", "INT64_REDUCTIONS_IN_DOUBLE", "missing_at_run_time"]
 
 #: ORT's MatmulTransposeFusion folds a Transpose into a MatMul (FusedMatMul with transA/transB).
 #: With a 1-D operand on the other side it computes the wrong product (onnxruntime 1.32:
@@ -16,6 +16,13 @@ __all__ = ["disabled_optimizers", "MATMUL_TRANSPOSE_FUSION", "missing_at_run_tim
 #: ``matmul(2-D, 1-D)`` has exactly this shape). Sessions of models holding a MatMul with a 1-D
 #: (or unknown-rank) operand run without that one optimizer; every other model keeps it.
 MATMUL_TRANSPOSE_FUSION = "MatmulTransposeFusion"
+
+
+#: ORT's CPU ReduceSum and ReduceProd compute int64 in double (onnxruntime 1.32: ``2**53 + 1``
+#: sums to ``2**53``, overflow saturates where PyTorch wraps). ort-lazy lowers integer sums to
+#: CumSum and integer products to a tree of Mul (``lowering.rewrites.integer_sum`` /
+#: ``integer_prod``), which are exact.
+INT64_REDUCTIONS_IN_DOUBLE = ("ReduceSum", "ReduceProd")
 
 
 def disabled_optimizers(model_bytes: bytes) -> list[str]:
