@@ -17,6 +17,7 @@ from helpers import (
     take_sessions,
     train_parity,
 )
+from ort_lazy import metrics
 from ort_lazy.lowering import rewrites as lowering
 
 aten = torch.ops.aten
@@ -345,6 +346,40 @@ def test_batched_probes_answer_like_single_probes(monkeypatch) -> None:
     assert batched == single
     assert batched[mixed[-1]] is not None and batched[mixed[-1]].startswith(support.Reason.NO_KERNEL)
     assert all(batched[n] is None for n in ok_nodes)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: torch.cat([x, x * 2]),
+        lambda x: torch.stack([x, x + 1]).sum(0),
+        lambda x: torch.tril_indices(int(x.numel() > 0) * 4, 3, 1) + x.sum().long(),
+    ],
+    ids=["cat", "stack", "tril_indices"],
+)
+def test_probe_answers_learnt_on_empty_tensors_stay_with_them(fn, monkeypatch, caplog) -> None:
+    """Support answers are memoised by signature; an empty tensor's answer must not decide a full one's.
+
+    torchlib's Concat of only zero-size inputs fails to translate: memoised by dtype and rank
+    alone, that failure sent every later cat of the same rank to PyTorch in the process. The
+    warning for such a failure says the translation's own error.
+    """
+    from ort_lazy import support
+
+    monkeypatch.setattr(support, "_probe_tables", {})
+    monkeypatch.setattr(metrics, "_warned", set())
+    torch._dynamo.reset()
+    with caplog.at_level("WARNING", logger="ort_lazy"):
+        compile_ort(fn)(torch.zeros(0, dtype=torch.int64))  # learns the empty answers first
+    said = [r.getMessage() for r in caplog.records if r.name == "ort_lazy" and "(export failed" in r.getMessage()]
+    assert all("(export failed: " in m and "Error" in m for m in said), said
+    torch._dynamo.reset()
+    metrics.reset()
+    x = torch.arange(6)
+    compiled = compile_ort(fn)
+    assert torch.equal(compiled(x), fn(x))
+    c = metrics.counters()
+    assert c["ort_runs"] >= 1 and c["fallback_ops"] == 0, metrics.fallbacks()
 
 
 class _ConvZoo(nn.Module):

@@ -27,7 +27,7 @@ from .options import Options
 from .reasons import Reason
 from .runtime.flavour import provider_problem
 from .runtime.region import OrtRegion, compute_ops, dump, open_runner, report_fallback
-from .support import graph_reasons, save_support_table
+from .support import graph_reasons, probe_error, save_support_table
 
 __all__ = ["compile_graph"]
 
@@ -59,8 +59,12 @@ def _record(reasons: dict[torch.fx.Node, str | None]) -> None:
         # Python-level ops and shape arithmetic (SymInt) are plumbing, not compute left behind.
         if reason is not None and reason != Reason.SYMBOLIC and isinstance(node.target, torch._ops.OpOverload):
             metrics.record_fallback(op_name(node.target), reason)
+            detail = probe_error(node.target) if reason == Reason.EXPORT_FAILED else None
             metrics.warn_once(
-                f"fallback:{op_name(node.target)}:{reason}", "ort-lazy: %s runs in PyTorch (%s)", op_name(node.target), reason
+                f"fallback:{op_name(node.target)}:{reason}",
+                "ort-lazy: %s runs in PyTorch (%s)",
+                op_name(node.target),
+                f"{reason}: {detail}" if detail else reason,
             )
 
 

@@ -36,6 +36,7 @@ __all__ = [
     "is_excluded",
     "probe_op",
     "probe_ops",
+    "probe_error",
     "op_reason",
     "torchscript_reason",
     "static_reason",
@@ -355,13 +356,22 @@ def _probe_torchscript(graph: Any, tensors: Sequence[Any], providers: tuple[str,
 
 
 _probe_lock = threading.Lock()
+_probe_errors: dict[str, str] = {}
+
+
+def probe_error(target: Any) -> str | None:
+    """The last error translating ``target`` alone raised in this process (why it is "export failed")."""
+    with _probe_lock:
+        return _probe_errors.get(str(target))
 
 
 def _probe_key(node: torch.fx.Node, providers: tuple[str, ...]) -> tuple[Any, ...]:
     def sig(v: Any) -> Any:
         m = _meta(v) if isinstance(v, torch.fx.Node) else v
         if isinstance(m, torch.Tensor):
-            return ("T", m.dtype, m.dim())
+            # Zero-size tensors translate differently (torchlib drops them from a Concat, which
+            # then has no input): an answer learnt on one must not stand for non-empty ones.
+            return ("T", m.dtype, m.dim(), any(type(s) is int and s == 0 for s in m.shape))
         if isinstance(m, (torch.SymInt, torch.SymFloat, torch.SymBool)):
             return ("S", type(m).__name__)
         if isinstance(m, (list, tuple)):
@@ -383,7 +393,7 @@ def _probe_key(node: torch.fx.Node, providers: tuple[str, ...]) -> tuple[Any, ..
 def probe_op(node: torch.fx.Node, providers: tuple[str, ...], cache_dir: str | None = None) -> str | None:
     """Translate ``node`` alone and check every emitted ONNX node against ORT's kernels.
 
-    Answers are memoised per (overload, dtypes, ranks, constant arguments, providers), in
+    Answers are memoised per (overload, dtypes, ranks, emptiness, constant arguments, providers), in
     memory and, with a compile cache directory, on disk for later processes.
     """
     return probe_ops([node], providers, cache_dir)[node]
@@ -482,7 +492,15 @@ def _probe_uncached(node: torch.fx.Node, providers: tuple[str, ...]) -> str | No
 
     try:
         model = translate(single_node_graph(node), name="probe", providers=providers)
-    except Exception:
+    except Exception as e:
+        cause: BaseException = e
+        while cause.__cause__ is not None:  # the exporter wraps the translation's own error
+            cause = cause.__cause__
+        first_line = (str(cause).strip().splitlines() or [""])[0][:200]
+        with _probe_lock:
+            if len(_probe_errors) > 1024:
+                _probe_errors.clear()
+            _probe_errors[str(node.target)] = f"{type(cause).__name__}: {first_line}"
         return Reason.EXPORT_FAILED
     return _translation_problem(model, providers)
 
