@@ -290,6 +290,7 @@ _BIG = torch.tensor([123456789012, -987654321098, 2**40 + 3, 7, -(2**53) - 1, 2*
 _DIVISORS = torch.tensor([7, 13, -5, 2, 3, 2**31, -3, 9])
 _HUGE = torch.tensor([1e300, -1e300, 1e-300, 3.0, -2.5, math.inf, -math.inf, math.nan, 0.0], dtype=torch.float64)
 _TINY = torch.tensor([0.0, -0.0, 1e-30, -1e-30, 1e-10, 1e-5, -0.3, 0.5, -0.999999, 3.0, 80.0, -80.0, math.inf, -math.inf, math.nan])
+_F64 = torch.tensor([0.37, -1.3, 2.6, -0.45, 1.1, 3.3, -2.2, 0.75, -0.95, 1.9, 0.3], dtype=torch.float64)
 _OTHER = torch.tensor([1.0, 0.0, -100.0, math.inf, -math.inf, math.nan, 5.0, 1e-30, -3.0, 1.0, 80.0, 2.0, math.inf, -math.inf, 0.0])
 
 _EXTREME = [
@@ -315,6 +316,43 @@ _EXTREME = [
     ("float64 expm1", torch.expm1, (_TINY.double(),)),
     ("float32 logaddexp", torch.logaddexp, (_TINY, _OTHER)),
     ("float64 logaddexp", torch.logaddexp, (_TINY.double(), _OTHER.double())),
+    # Python floats the translator held as float32 constants (found on float64 only: 1.1 read as
+    # 1.10000002, relative 2e-8, below op_db's float64 tolerance of 1e-7)
+    *((f"float64 {name}", fn, (_F64,)) for name, fn in (
+        ("full_like", lambda x: torch.full_like(x, 1.1) * x),
+        ("new_full", lambda x: x.new_full((3, 11), 1.1).sum(0) + x),
+        ("fill_", lambda x: x.clone().fill_(1.1) - x),
+        ("masked_fill", lambda x: x.masked_fill(x > 0, 1.1)),
+        ("index_fill", lambda x: x.index_fill(0, torch.tensor([1, 4]), -0.3)),
+        ("add alpha", lambda x: torch.add(x, x.flip(0), alpha=1.1)),
+        ("sub alpha", lambda x: torch.sub(x, x.flip(0), alpha=0.3)),
+        ("scalar ** x", lambda x: 1.1**x),
+        ("hardtanh", lambda x: F.hardtanh(x, -0.3, 0.7)),
+        ("lerp", lambda x: torch.lerp(x, x.flip(0) + 5, 1 / 3)),
+        ("lerp above 0.5", lambda x: torch.lerp(x, x.flip(0), 0.7)),
+        ("addcmul", lambda x: torch.addcmul(x, x, x.flip(0), value=1 / 3)),
+        ("addcdiv", lambda x: torch.addcdiv(x, x, x.flip(0), value=0.1)),
+        ("fmod", lambda x: torch.fmod(x, 1.1)),
+        ("remainder", lambda x: torch.remainder(x, 0.3)),
+        ("remainder of tensors", lambda x: torch.remainder(x, x.flip(0) * 0.3)),
+        ("celu", lambda x: F.celu(x, 0.3)),
+        ("hardswish", F.hardswish),
+        ("gelu tanh", lambda x: F.gelu(x.abs(), approximate="tanh")),  # 1 + tanh cancels below 0
+        ("deg2rad", torch.deg2rad),
+        ("rad2deg", torch.rad2deg),
+        ("log2", lambda x: torch.log2(x.abs())),
+        ("log10", lambda x: torch.log10(x.abs())),
+        ("sinc", torch.sinc),
+        ("linspace", lambda x: torch.linspace(0, 1.1, 11, dtype=torch.float64) + x),
+        # the same Python float also filling a float32 tensor: that one stays float32's 1.1
+        ("and float32 beside it", lambda x: torch.full_like(x, 1.1) + torch.full_like(x.float(), 1.1).double()),
+    )),
+    ("float32 remainder", lambda x: torch.remainder(x, 0.3), (_F64.float(),)),
+    ("float32 remainder by a negative", lambda x: torch.remainder(x, -x.flip(0)), (_F64.float(),)),
+    # Range in the translation drifted by nearly a step (0.097) over 10000 elements
+    ("float32 arange with a float step", lambda x: torch.arange(0, 1000, 0.1) + x, (torch.tensor(0.0),)),
+    ("float64 arange with a float step", lambda x: torch.arange(0, 1000, 0.1, dtype=torch.float64) + x, (torch.tensor(0.0, dtype=torch.float64),)),
+    ("float32 arange, negative step", lambda x: torch.arange(7.5, -2.0, -0.35) * x, (torch.tensor(1.0),)),
 ]
 
 
@@ -340,4 +378,40 @@ def test_values_beyond_float32_are_exact(name: str, fn, args) -> None:
 def test_accurate_rewrites_train(fn) -> None:
     x = torch.tensor([1e-6, -0.25, 0.5, 2.0, -3.0], dtype=torch.float64)
     c = parity(fn, x, rtol=1e-12, atol=1e-14)
+    assert c["ort_runs"] >= 1 and c["fallback_ops"] == 0, metrics.fallbacks()
+
+
+# -- 8. signed zeros: results equal as numbers but not in sign ---------------------------------------
+# -0.0 == 0.0, so a parity check that compares values cannot see a lost sign; 1 / x, atan2 and
+# copysign can. These cases compare the sign bit of every non-NaN element too. (ONNX before
+# opset 26 cannot read a NaN's sign bit: NaN inputs are left out of signbit/copysign's sign.)
+
+_SIGNED = torch.tensor([1.0, -1.0, 0.0, -0.0, math.inf, -math.inf, 2.5, -1e-30, 3e-39, -3e-39])
+
+_FLOATS = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+_SIGN_CASES = [
+    *((f"{str(dt)[6:]} signbit", torch.signbit, (_SIGNED.to(dt),)) for dt in _FLOATS),
+    *((f"{str(dt)[6:]} copysign", torch.copysign, (_SIGNED.flip(0).to(dt), _SIGNED.to(dt))) for dt in _FLOATS),
+    ("copysign by -0.0", lambda a: torch.copysign(a, -0.0), (_SIGNED,)),
+    ("copysign by 0.0", lambda a: torch.copysign(a, 0.0), (_SIGNED.double(),)),
+    ("copysign of ints", torch.copysign, (torch.arange(-5, 5), _SIGNED)),
+    ("copysign, NaN magnitudes", torch.copysign, (torch.full((10,), math.nan), _SIGNED)),
+]
+
+
+@pytest.mark.parametrize("name,fn,args", _SIGN_CASES, ids=[c[0] for c in _SIGN_CASES])
+def test_signed_zeros_keep_their_sign(name: str, fn, args) -> None:
+    expected = fn(*args)
+    got = compile_ort(fn)(*args)
+    c = metrics.counters()
+    assert c["ort_runs"] >= 1 and c["fallback_ops"] == 0, (name, metrics.fallbacks())
+    assert got.dtype == expected.dtype and torch.equal(got.isnan(), expected.isnan()), (got, expected)
+    keep = ~expected.isnan()
+    assert torch.equal(got[keep], expected[keep]), (got, expected)
+    assert torch.equal(torch.signbit(got[keep]), torch.signbit(expected[keep])), (got, expected)
+
+
+def test_copysign_trains_like_eager() -> None:
+    x = torch.tensor([0.5, -2.0, 3.0, -0.25], dtype=torch.float64)
+    c = parity(lambda a: torch.copysign(a, a.flip(0)) * a, x, rtol=1e-12, atol=1e-14)
     assert c["ort_runs"] >= 1 and c["fallback_ops"] == 0, metrics.fallbacks()

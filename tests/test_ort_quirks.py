@@ -7,7 +7,7 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from ort_lazy.runtime.quirks import MATMUL_TRANSPOSE_FUSION, disabled_optimizers
+from ort_lazy.runtime.quirks import MATMUL_TRANSPOSE_FUSION, WHERE_DROPS_NEGATIVE_ZERO, disabled_optimizers
 
 
 def _transposed_matvec() -> bytes:
@@ -75,4 +75,26 @@ def test_int64_reduce_sum_and_prod_still_go_through_double_in_this_onnxruntime()
     assert got_sum != 2**53 + 3 and got_prod != (2**53 + 1) * 2, (
         f"onnxruntime {ort.__version__} sums and multiplies int64 exactly: the integer_sum / integer_prod "
         "rewrites may go for this version"
+    )
+
+
+def test_where_still_drops_the_sign_of_a_negative_zero_from_its_first_branch() -> None:
+    """ort-lazy's copysign multiplies by +-1 instead (tested in test_correctness, signed zeros)."""
+    graph = helper.make_graph(
+        [helper.make_node(WHERE_DROPS_NEGATIVE_ZERO, ["c", "x", "y"], ["z"])],
+        "g",
+        [
+            helper.make_tensor_value_info("c", TensorProto.BOOL, [2]),
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [2]),
+        ],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
+    session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    c = np.array([True, False])
+    z = session.run(None, {"c": c, "x": np.array([-0.0, 1.0], np.float32), "y": np.array([2.0, -0.0], np.float32)})[0]
+    assert np.signbit(z[1]), "a -0.0 from the second branch lost its sign too"
+    assert not np.signbit(z[0]), (
+        f"onnxruntime {ort.__version__} keeps the sign of a -0.0 Where selects: WHERE_DROPS_NEGATIVE_ZERO can go"
     )

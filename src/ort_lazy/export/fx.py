@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import copy
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.fx
 
@@ -74,6 +76,7 @@ def translate(gm: torch.fx.GraphModule, name: str = "region", providers: Sequenc
     _compat.translate_fx_graph(gm.graph, model)
     if scalars:
         _bake_constants(model, scalars)
+    _restore_double_constants(model, gm)
     _dedupe_outputs(model)
     _compat.finalize_ir_model(model)
     if providers is not None:
@@ -153,6 +156,101 @@ def _exact_double_scalars(gm: torch.fx.GraphModule) -> dict[int, torch.Tensor]:
     gm.recompile()
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     return {i: values[p] for i, p in enumerate(placeholders) if p in values}
+
+
+def _python_floats(gm: torch.fx.GraphModule) -> dict[float, float]:
+    """{float32 rounding: value} of the Python floats in ``gm``'s arguments that float32 cannot
+    hold, where no two of them round to the same float32."""
+    seen: dict[float, set[float]] = {}
+
+    def visit(value: Any) -> None:
+        if isinstance(value, (list, tuple)):
+            for item in value:
+                visit(item)
+        elif type(value) is float and math.isfinite(value):
+            rounded = float(np.float32(value))
+            if rounded != value:
+                seen.setdefault(rounded, set()).add(value)
+
+    for node in gm.graph.nodes:
+        if node.op == "call_function":
+            visit(node.args)
+            visit(tuple(node.kwargs.values()))
+    return {rounded: next(iter(values)) for rounded, values in seen.items() if len(values) == 1}
+
+
+def _restore_double_constants(model: Any, gm: torch.fx.GraphModule) -> int:
+    """Give float64 computations back the Python floats the translator rounded to float32.
+
+    torchlib makes a Python-float argument a float32 ``Constant`` and casts it to the tensor's
+    type (``Cast(to=DOUBLE)`` / ``CastLike(c, x)``): ``full_like(x, 1.1)``, ``add(.., alpha=1.1)``,
+    ``masked_fill``, ``1.1 ** x``, clamp bounds, activation parameters, every op at once. A
+    scalar float32 constant whose value is the float32 rounding of exactly one Python float of
+    the graph becomes that float as a double for the uses that are such casts (its other uses
+    keep the float32 constant).
+    Returns how many constants were restored.
+    """
+    import onnx_ir as ir
+
+    exact = _python_floats(gm)
+    if not exact:
+        return 0
+    found = []
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or len(node.outputs) != 1:
+            continue
+        attr = node.attributes.get("value")
+        if attr is None or not isinstance(attr.value, ir.TensorProtocol):
+            continue
+        tensor = attr.value
+        if tensor.dtype != ir.DataType.FLOAT or tensor.shape.dims != ():
+            continue
+        value = exact.get(float(tensor.numpy()))
+        if value is not None:
+            found.append((node, value))
+    restored = 0
+    for node, value in found:
+        uses = list(node.outputs[0].uses())
+        doubles = [use for use in uses if _casts_to_double(model, use[0], use[1])]
+        if not doubles:
+            continue
+        double = ir.AttrTensor("value", ir.tensor(np.array(value, dtype=np.float64)))
+        if len(doubles) == len(uses):
+            node.attributes["value"] = double
+        else:  # one constant shared with float32 uses (the translator dedupes): a second one
+            twin = ir.Node("", "Constant", [], attributes=[double], num_outputs=1)
+            node.graph.insert_after(node, twin)
+            for use in doubles:
+                use[0].replace_input_with(use[1], twin.outputs[0])
+        restored += 1
+    return restored
+
+
+def _casts_to_double(model: Any, user: Any, index: int, call: Any = None) -> bool:
+    """Whether ``user``'s input ``index`` is only cast to float64: ``Cast(to=DOUBLE)``,
+    ``CastLike`` to a value typed double, or a local function (torchlib's) whose parameter there
+    is only so cast (``CastLike`` against a parameter typed double at ``call``, the call site)."""
+    import onnx_ir as ir
+
+    if user.domain in ("", "ai.onnx"):
+        if index != 0:
+            return False
+        if user.op_type == "Cast":
+            to = user.attributes.get("to")
+            return to is not None and to.value == ir.DataType.DOUBLE
+        if user.op_type != "CastLike" or user.inputs[1] is None:
+            return False
+        like = user.inputs[1]
+        if call is not None:  # inside a function: the parameter's type is the call site's
+            position = next((i for i, p in enumerate(call[1]) if p is like), None)
+            like = call[0].inputs[position] if position is not None and position < len(call[0].inputs) else None
+        return like is not None and like.dtype == ir.DataType.DOUBLE
+    function = model.functions.get((user.domain, user.op_type, user.overload))
+    if call is not None or function is None or index >= len(function.inputs):
+        return False  # one level of functions: torchlib's do not call each other here
+    params = list(function.inputs)
+    uses = list(params[index].uses())
+    return bool(uses) and all(_casts_to_double(model, u[0], u[1], (user, params)) for u in uses)
 
 
 def _prepare(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:

@@ -408,6 +408,37 @@ def infinity_test(kind: str) -> Any:
     return decompose
 
 
+def _sign_bit(x: torch.Tensor) -> torch.Tensor:
+    """The sign bit of a float tensor from comparisons: negative, or a zero whose reciprocal is
+    negative (-0.0). ONNX before opset 26 has no bit cast, so a NaN reads as positive."""
+    return (x < 0) | ((x == 0) & (torch.reciprocal(x) < 0))
+
+
+def signbit(x: torch.Tensor) -> Any:
+    """``signbit`` of floats true for -0.0 too (the translation, ``x < 0``, misses it)."""
+    if not x.is_floating_point():
+        return NotImplemented
+    return _sign_bit(x)
+
+
+def copysign(a: Any, b: Any) -> Any:
+    """``copysign`` as ``|a|`` times +1 or -1 from the sign bit of ``b`` (-0.0 negative, as in eager).
+
+    torch's reference decomposes to ``prims.signbit``, which has no ONNX mapping (and whose
+    fake kernel says float where the real one says bool). A product, not a select: ORT's Where
+    turns a -0.0 taken from its first branch into +0.0 (``runtime/quirks.py``).
+    """
+    if not isinstance(a, torch.Tensor):
+        return NotImplemented
+    dtype = torch.result_type(a, b)
+    if not dtype.is_floating_point:
+        dtype = torch.get_default_dtype()
+    magnitude = a.to(dtype).abs()
+    if not isinstance(b, torch.Tensor):
+        return -magnitude if math.copysign(1.0, float(b)) < 0 else magnitude
+    return magnitude * (1 - 2 * _sign_bit(b.to(dtype)).to(dtype))
+
+
 _INTEGRAL = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool)
 
 
@@ -474,7 +505,8 @@ def _accurate_log1p(x: torch.Tensor) -> torch.Tensor:
     u = 1 + x
     d = u - 1
     # log(u) * x / (u - 1) cancels the rounding of 1 + x (Goldberg); exact where 1 + x rounds to 1
-    body = torch.where(d == 0, x, torch.log(u) * (x / torch.where(d == 0, torch.ones_like(d), d)))
+    # x goes in Where's second branch: ORT's Where drops the sign of a -0.0 from its first
+    body = torch.where(d != 0, torch.log(u) * (x / torch.where(d == 0, torch.ones_like(d), d)), x)
     return torch.where(x == math.inf, x, body)
 
 
@@ -495,7 +527,7 @@ def expm1(x: torch.Tensor) -> Any:
     small = torch.abs(x) < 1
     logu = torch.where(small & (u != 1), torch.log(u), torch.ones_like(u))
     body = torch.where(small, (u - 1) * x / logu, u - 1)
-    return torch.where(u == 1, x, body)
+    return torch.where(u != 1, body, x)  # x second: keeps -0.0 (quirks.WHERE_DROPS_NEGATIVE_ZERO)
 
 
 def logaddexp(a: torch.Tensor, b: torch.Tensor) -> Any:
@@ -511,6 +543,144 @@ def logaddexp(a: torch.Tensor, b: torch.Tensor) -> Any:
     m = torch.maximum(a, b)
     same_inf = torch.isinf(a) & (a == b)
     return torch.where(same_inf, a, m + _accurate_log1p(torch.exp(-torch.abs(a - b))))
+
+
+def _float64_only(fn: Any) -> Any:
+    """``fn`` for float64 inputs; other dtypes keep the exporter's translation (NotImplemented)."""
+
+    def decompose(x: Any, *args: Any, **kwargs: Any) -> Any:
+        if not isinstance(x, torch.Tensor) or x.dtype != torch.float64:
+            return NotImplemented
+        return fn(x, *args, **kwargs)
+
+    decompose.__doc__ = fn.__doc__
+    return decompose
+
+
+# float64 ops whose translation holds a Python float as a float32 constant (ONNX's value_float
+# attribute and torchlib's scalar constants are float32): deg2rad was 8e-9 off relative, celu
+# 1.4e-6, fmod(x, 1.1) 1.7e-6, sinc near its roots 2.8e-8 absolute. Written with the scalars
+# as operands of aten arithmetic, which the exporter keeps in the tensor's dtype, and in eager's
+# order of operations.
+
+
+@_float64_only
+def deg2rad(x: torch.Tensor) -> Any:
+    """``x * (pi / 180)`` with a float64 constant."""
+    return x * (math.pi / 180.0)
+
+
+@_float64_only
+def rad2deg(x: torch.Tensor) -> Any:
+    """``x * (180 / pi)`` with a float64 constant."""
+    return x * (180.0 / math.pi)
+
+
+@_float64_only
+def log2(x: torch.Tensor) -> Any:
+    """``log(x) / log(2)`` with a float64 constant."""
+    return torch.log(x) / math.log(2.0)
+
+
+@_float64_only
+def log10(x: torch.Tensor) -> Any:
+    """``log(x) / log(10)`` with a float64 constant."""
+    return torch.log(x) / math.log(10.0)
+
+
+@_float64_only
+def sinc(x: torch.Tensor) -> Any:
+    """``sin(pi x) / (pi x)``, 1 at 0, with a float64 pi."""
+    product = x * math.pi
+    return torch.where(x != 0, torch.sin(product) / product, torch.ones_like(x))
+
+
+@_float64_only
+def hardtanh(x: torch.Tensor, min_val: float = -1.0, max_val: float = 1.0) -> Any:
+    """``clamp`` with float64 bounds."""
+    return torch.clamp(x, min_val, max_val)
+
+
+@_float64_only
+def hardswish(x: torch.Tensor) -> Any:
+    """``x * clamp(x + 3, 0, 6) / 6`` in float64."""
+    return x * torch.clamp(x + 3.0, 0.0, 6.0) / 6.0
+
+
+@_float64_only
+def celu(x: torch.Tensor, alpha: float = 1.0) -> Any:
+    """``alpha * expm1(x / alpha)`` below 0 (accurate expm1), ``x`` above."""
+    return torch.where(x > 0, x, expm1(x * (1.0 / float(alpha))) * float(alpha))
+
+
+@_float64_only
+def gelu_tanh(x: torch.Tensor, approximate: str = "none") -> Any:
+    """The tanh form of ``gelu`` with float64 constants (the erf form is :func:`gelu`)."""
+    if approximate != "tanh":
+        return NotImplemented
+    inner = (x + x * x * x * 0.044715) * math.sqrt(2.0 / math.pi)
+    return x * 0.5 * (torch.tanh(inner) + 1.0)
+
+
+@_float64_only
+def lerp_scalar(start: torch.Tensor, end: torch.Tensor, weight: float) -> Any:
+    """``lerp`` with a Python weight, in eager's two-sided form."""
+    if not isinstance(end, torch.Tensor) or end.dtype != torch.float64 or not isinstance(weight, (int, float)):
+        return NotImplemented
+    diff = end - start
+    return start + diff * float(weight) if abs(weight) < 0.5 else end - diff * (1.0 - float(weight))
+
+
+def float_arange(start: Any, end: Any = None, step: Any = 1, *, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = None) -> Any:
+    """Floating ``arange`` as ``start + i * step`` over integer ``i``, in float64, rounded once
+    (eager's CPU kernel). ORT's Range accumulates in the output type: ``arange(0, 1000, 0.1)``
+    drifted by 0.097, nearly a whole step, in float32 and float64 alike."""
+    if end is None:
+        start, end = 0, start
+    numbers = (start, end, step)
+    if not all(type(v) in (int, float) for v in numbers):
+        return NotImplemented  # symbolic bounds: the translation's Range
+    if dtype is None:
+        dtype = torch.get_default_dtype() if any(type(v) is float for v in numbers) else torch.int64
+    if not dtype.is_floating_point or step == 0:
+        return NotImplemented
+    count = max(0, math.ceil((end - start) / step))
+    index = torch.arange(count, dtype=torch.int64, device=device).to(torch.float64)
+    return (index * float(step) + float(start)).to(dtype)
+
+
+def _pointwise_with_value(divide: bool) -> Any:
+    def decompose(x: torch.Tensor, t1: torch.Tensor, t2: torch.Tensor, *, value: Any = 1) -> Any:
+        if not all(isinstance(t, torch.Tensor) and t.dtype == torch.float64 for t in (x, t1, t2)):
+            return NotImplemented
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return NotImplemented
+        scaled = t1 * float(value)
+        return x + (scaled / t2 if divide else scaled * t2)
+
+    decompose.__doc__ = f"``addc{'div' if divide else 'mul'}`` of float64 with its ``value`` in float64."
+    return decompose
+
+
+def fmod_scalar(x: torch.Tensor, other: Any) -> Any:
+    """``fmod`` of float64 by a Python number, the divisor as a float64 tensor."""
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.float64 or not isinstance(other, (int, float)):
+        return NotImplemented
+    return torch.fmod(x, torch.full_like(x, float(other)))
+
+
+def float_remainder(a: Any, b: Any) -> Any:
+    """Floating ``remainder`` as eager computes it: ``fmod`` (exact), plus ``b`` where the signs
+    differ. The translation's ``a - b * floor(a / b)`` rounds the quotient: ``remainder(3.3, 0.3)``
+    gave 0.0 where eager gives 0.29999999999999993."""
+    if not isinstance(a, torch.Tensor):
+        return NotImplemented
+    dtype = torch.result_type(a, b)
+    if not dtype.is_floating_point:
+        return NotImplemented
+    b = b.to(dtype) if isinstance(b, torch.Tensor) else torch.full_like(a, float(b), dtype=dtype)
+    mod = torch.fmod(a.to(dtype), b)
+    return torch.where((mod != 0) & ((b < 0) != (mod < 0)), mod + b, mod)
 
 
 def hardtanh_backward(grad: torch.Tensor, x: torch.Tensor, min_val: float, max_val: float) -> Any:
@@ -558,6 +728,8 @@ def gelu(x: torch.Tensor, approximate: str = "none") -> Any:
     """``aten.gelu`` (erf form, float32/64) as ``x * (1 + erf(x / sqrt(2))) * 0.5``: the pattern
     ORT's optimizer fuses into its single-pass Gelu kernel (the exporter's whole-op translation
     multiplies in an order ORT does not recognise: five elementwise passes)."""
+    if approximate == "tanh":
+        return gelu_tanh(x, approximate)
     if approximate != "none" or x.dtype not in (torch.float32, torch.float64):
         return NotImplemented
     return (x * (torch.erf(x / math.sqrt(2.0)) + 1.0)) * 0.5
@@ -711,4 +883,24 @@ DECOMPOSITIONS = {
     _aten.log1p.default: log1p,
     _aten.expm1.default: expm1,
     _aten.logaddexp.default: logaddexp,
+    _aten.arange.default: float_arange,
+    _aten.arange.start: float_arange,
+    _aten.arange.start_step: float_arange,
+    _aten.deg2rad.default: deg2rad,
+    _aten.rad2deg.default: rad2deg,
+    _aten.log2.default: log2,
+    _aten.log10.default: log10,
+    _aten.sinc.default: sinc,
+    _aten.hardtanh.default: hardtanh,
+    _aten.hardswish.default: hardswish,
+    _aten.celu.default: celu,
+    _aten.lerp.Scalar: lerp_scalar,
+    _aten.addcmul.default: _pointwise_with_value(divide=False),
+    _aten.addcdiv.default: _pointwise_with_value(divide=True),
+    _aten.fmod.Scalar: fmod_scalar,
+    _aten.remainder.Scalar: float_remainder,
+    _aten.remainder.Tensor: float_remainder,
+    _aten.signbit.default: signbit,
+    _aten.copysign.Tensor: copysign,
+    _aten.copysign.Scalar: copysign,
 }

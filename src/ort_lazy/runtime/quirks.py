@@ -8,7 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["disabled_optimizers", "MATMUL_TRANSPOSE_FUSION", "INT64_REDUCTIONS_IN_DOUBLE", "missing_at_run_time"]
+__all__ = [
+    "disabled_optimizers",
+    "MATMUL_TRANSPOSE_FUSION",
+    "INT64_REDUCTIONS_IN_DOUBLE",
+    "WHERE_DROPS_NEGATIVE_ZERO",
+    "missing_at_run_time",
+]
 
 #: ORT's MatmulTransposeFusion folds a Transpose into a MatMul (FusedMatMul with transA/transB).
 #: With a 1-D operand on the other side it computes the wrong product (onnxruntime 1.32:
@@ -23,6 +29,14 @@ MATMUL_TRANSPOSE_FUSION = "MatmulTransposeFusion"
 #: CumSum and integer products to a tree of Mul (``lowering.rewrites.integer_sum`` /
 #: ``integer_prod``), which are exact.
 INT64_REDUCTIONS_IN_DOUBLE = ("ReduceSum", "ReduceProd")
+
+
+#: ORT's CPU Where returns +0.0 where it selects a -0.0 from its first branch (onnxruntime 1.32,
+#: every float type; a -0.0 from the second branch survives). Equal as numbers, so no parity
+#: check sees it, but it flips ``1 / x``, ``atan2`` and ``copysign``. ort-lazy's own lowerings
+#: that must keep a sign (``lowering.rewrites.copysign``) multiply by +-1 instead of selecting;
+#: a user's ``torch.where`` choosing -0.0 still gives +0.0 on ORT.
+WHERE_DROPS_NEGATIVE_ZERO = "Where"
 
 
 def disabled_optimizers(model_bytes: bytes) -> list[str]:
