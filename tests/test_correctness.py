@@ -358,10 +358,24 @@ _EXTREME = [
 
 @pytest.mark.parametrize("name,fn,args", _EXTREME, ids=[c[0] for c in _EXTREME])
 def test_values_beyond_float32_are_exact(name: str, fn, args) -> None:
+    _assert_exact_on_ort(name, fn, args)
+
+
+def _assert_exact_on_ort(name: str, fn, args) -> None:
+    """ORT ran all of ``fn`` and matched eager: integers exactly, floats with the same NaN and
+    infinities and within 4 epsilon relative elsewhere (also for every output of a tuple)."""
     expected = fn(*args)
     got = compile_ort(fn)(*args)
     c = metrics.counters()
     assert c["ort_runs"] >= 1 and c["fallback_ops"] == 0, (name, metrics.fallbacks())
+    if isinstance(expected, tuple):
+        for g, e in zip(got, expected):
+            _assert_exact(g, e)
+        return
+    _assert_exact(got, expected)
+
+
+def _assert_exact(got: torch.Tensor, expected: torch.Tensor) -> None:
     assert got.dtype == expected.dtype and got.shape == expected.shape, (got, expected)
     if not expected.is_floating_point():
         assert torch.equal(got, expected), (got, expected)
@@ -388,6 +402,8 @@ def test_accurate_rewrites_train(fn) -> None:
 
 _SIGNED = torch.tensor([1.0, -1.0, 0.0, -0.0, math.inf, -math.inf, 2.5, -1e-30, 3e-39, -3e-39])
 
+_ATAN2_Y = torch.tensor([1.0, -2.5, 0.0, -0.0, 0.0, -0.0, 1.0, -1.0, math.inf, math.inf, -math.inf, 3.0, 0.0, -0.0, -math.inf, 0.0, -1e30])
+_ATAN2_X = torch.tensor([-0.0, -0.0, -0.0, -0.0, 0.0, 0.0, 0.0, -math.inf, math.inf, -math.inf, -math.inf, math.inf, -5.0, 5.0, 2.0, -1e30, 1e-30])
 _FLOATS = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 _SIGN_CASES = [
     *((f"{str(dt)[6:]} signbit", torch.signbit, (_SIGNED.to(dt),)) for dt in _FLOATS),
@@ -396,6 +412,9 @@ _SIGN_CASES = [
     ("copysign by 0.0", lambda a: torch.copysign(a, 0.0), (_SIGNED.double(),)),
     ("copysign of ints", torch.copysign, (torch.arange(-5, 5), _SIGNED)),
     ("copysign, NaN magnitudes", torch.copysign, (torch.full((10,), math.nan), _SIGNED)),
+    # quadrants, zeros and infinities: atan2(0.0, -5.0) was -pi (the phase of a negative real)
+    *((f"{str(dt)[6:]} atan2", torch.atan2, (_ATAN2_Y.to(dt), _ATAN2_X.to(dt))) for dt in _FLOATS[1:]),
+    ("atan2 of ints", torch.atan2, (torch.tensor([0, 3, -3, 0, 2]), torch.tensor([-5, 0, 0, 0, -2]))),
 ]
 
 
@@ -415,3 +434,42 @@ def test_copysign_trains_like_eager() -> None:
     x = torch.tensor([0.5, -2.0, 3.0, -0.25], dtype=torch.float64)
     c = parity(lambda a: torch.copysign(a, a.flip(0)) * a, x, rtol=1e-12, atol=1e-14)
     assert c["ort_runs"] >= 1 and c["fallback_ops"] == 0, metrics.fallbacks()
+
+
+
+# -- 9. NaN and infinities as eager treats them --------------------------------------------------
+# op_db's samples hold neither. ONNX's ReduceMax/ArgMax skip NaN where eager returns it, its Sign
+# is NaN where eager's is 0, the translations of floor division, xlogy and angle give other
+# values at NaN and infinity. Each case: NaN positions, infinities and values as eager's.
+
+_ROWS = torch.tensor([[1.0, math.nan, math.inf, -2.0], [math.inf, 3.0, math.nan, math.nan], [-1.0, 5.0, -math.inf, 0.5]])
+_SPECIALS = torch.tensor([math.nan, math.inf, -math.inf, 0.0, -0.0, 2.5, -3.5, 1e30, -1e-30, 7.0, -7.0, 0.3])
+
+_NAN_CASES = [
+    *((f"{str(dt)[6:]} {name}", fn, (_ROWS.to(dt),)) for dt in _FLOATS for name, fn in (
+        ("amax", lambda x: x.amax(1)),
+        ("amin over all", lambda x: x.amin()),
+        ("max.dim", lambda x: x.max(1)),
+        ("min.dim keepdim", lambda x: x.min(0, keepdim=True)),
+        ("argmax", lambda x: x.argmax(1)),
+        ("argmin flattened", lambda x: x.argmin()),
+        ("max of the whole", lambda x: x.max()),
+    )),
+    ("amax over two dims", lambda x: x.view(3, 2, 2).amax((0, 2)), (_ROWS,)),
+    *((f"{str(dt)[6:]} sign", torch.sign, (_SPECIALS.to(dt),)) for dt in _FLOATS),
+    ("sgn", torch.sgn, (_SPECIALS,)),
+    ("angle", torch.angle, (_SPECIALS,)),
+    ("xlogy", lambda x: torch.xlogy(x.abs() * 0, x), (_SPECIALS,)),
+    ("xlogy of values", torch.xlogy, (_SPECIALS.abs(), _SPECIALS.flip(0).abs())),
+    ("float32 logaddexp2", torch.logaddexp2, (torch.tensor([0.0, 0.0, 0.0, math.inf, -math.inf, 5.0]), torch.tensor([3e38, -88.0, -100.0, math.inf, -math.inf, 5.0]))),
+    ("float64 logaddexp2", torch.logaddexp2, (torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64), torch.tensor([1e308, -1000.0, 1.0], dtype=torch.float64))),
+    *((f"{str(dt)[6:]} floor_divide", torch.floor_divide, (_SPECIALS.to(dt), _SPECIALS.flip(0).to(dt))) for dt in _FLOATS),
+    ("float64 floor_divide near ties", torch.floor_divide, (_F64 * 10, _F64.flip(0))),
+    ("float32 div floor by a scalar", lambda x: torch.div(x, 0.1, rounding_mode="floor"), (_F64.float() * 10,)),
+    ("float32 // 0", lambda x: x // 0.0, (_SPECIALS,)),
+]
+
+
+@pytest.mark.parametrize("name,fn,args", _NAN_CASES, ids=[c[0] for c in _NAN_CASES])
+def test_nan_and_infinities_as_eager(name: str, fn, args) -> None:
+    _assert_exact_on_ort(name, fn, args)

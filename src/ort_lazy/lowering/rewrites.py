@@ -13,9 +13,11 @@ fuses): exact, except GELU, which ORT's fused kernel computes to within rounding
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import operator
+import threading
 from typing import Any
 
 import torch
@@ -439,6 +441,204 @@ def copysign(a: Any, b: Any) -> Any:
     return magnitude * (1 - 2 * _sign_bit(b.to(dtype)).to(dtype))
 
 
+def atan2(y: Any, x: Any) -> Any:
+    """``atan2`` with C's quadrants, zeros and infinities: ``atan(y / x)``, plus or minus pi
+    where ``x``'s sign bit is set (-0.0 included), both infinities apart.
+
+    The exporter's translation gave -pi for ``atan2(0.0, -5.0)`` (eager: pi, the phase of a
+    negative real number), -pi/2 for ``atan2(1, -0.0)`` and 0 for ``atan2(inf, inf)``.
+    float16 / bfloat16 compute in float32 (eager's kernels do); float64 has no ORT Atan kernel.
+    """
+    if not (isinstance(y, torch.Tensor) and isinstance(x, torch.Tensor)):
+        return NotImplemented
+    dtype = torch.result_type(y, x)
+    if not dtype.is_floating_point:
+        dtype = torch.get_default_dtype()
+    if dtype == torch.float64:
+        return NotImplemented
+    y, x = y.to(torch.float32), x.to(torch.float32)
+    neg_x, neg_y = _sign_bit(x), _sign_bit(y)
+    y_sign = 1 - 2 * neg_y.to(torch.float32)  # +1 / -1 by y's sign bit
+    half_turn = y_sign * math.pi
+    # both zeros: atan(+-0 / 1) is +-0, then +-pi where x is -0.0, as C's atan2
+    both_zero = (x == 0) & (y == 0)
+    q = torch.atan(y / torch.where(both_zero, torch.ones_like(x), x))
+    # Where keeps a -0.0 only from its second branch (quirks.WHERE_DROPS_NEGATIVE_ZERO): the
+    # value that can be -0.0 (q) stays there
+    r = torch.where(neg_x, q + half_turn, q)
+    both_inf = torch.isinf(x) & torch.isinf(y)
+    r = torch.where(both_inf, y_sign * torch.where(neg_x, 0.75 * math.pi, 0.25 * math.pi), r)
+    return r.to(dtype)
+
+
+_reentry = threading.local()
+
+
+@contextlib.contextmanager
+def _as_is(op: Any) -> Any:
+    """Within: ``op`` is traced as is, not by its guarded decomposition (see :func:`_once`)."""
+    active = getattr(_reentry, "ops", None)
+    if active is None:
+        active = _reentry.ops = set()
+    added = op not in active
+    active.add(op)
+    try:
+        yield
+    finally:
+        if added:
+            active.discard(op)
+
+
+def _once(op: Any, decompose: Any) -> Any:
+    """``decompose`` for ``op`` that may call ``op`` itself: inside it, ``op`` is traced as is
+    (a decomposition table entry returning NotImplemented)."""
+
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        active = getattr(_reentry, "ops", None)
+        if active is None:
+            active = _reentry.ops = set()
+        if op in active:
+            return NotImplemented
+        active.add(op)
+        try:
+            return decompose(*args, **kwargs)
+        finally:
+            active.discard(op)
+
+    guarded.__doc__ = decompose.__doc__
+    return guarded
+
+
+def _nan_propagating(op: Any, kind: str) -> Any:
+    """``amax``/``amin`` (``kind`` "values"), ``max.dim``/``min.dim`` ("both"), ``argmax``/
+    ``argmin`` ("indices") of floats with eager's NaN rule: a NaN in the reduced elements is the
+    result, its first position the index. ORT's ReduceMax/ArgMax skip NaN (a row [inf, NaN]
+    gave inf where eager gives NaN). 0-d inputs go to :func:`_reduce_scalar`'s rule."""
+    scalar = _reduce_scalar(op) if kind == "values" else None
+
+    def decompose(x: torch.Tensor, dim: Any = None, keepdim: bool = False) -> Any:
+        if scalar is not None and x.dim() == 0:
+            return scalar(x, dim, keepdim)
+        if not x.is_floating_point() or x.dim() == 0:
+            return NotImplemented
+        if kind == "indices" and dim is None:
+            if keepdim:
+                return NotImplemented
+            x, dim = x.reshape(-1), 0
+        dims = [dim] if isinstance(dim, int) else list(dim) if dim not in (None, []) else list(range(x.dim()))
+        nan = torch.isnan(x)
+        any_nan = nan.any(dim=tuple(dims), keepdim=keepdim)
+        # no dims spelt out as every dim: the translation of amax(x) with none fails to export
+        out = op(x, dims if kind == "values" else dim, keepdim)
+        if kind == "values":
+            return torch.where(any_nan, torch.full_like(out, math.nan), out)
+        first_nan = torch.argmax(nan.to(torch.uint8), dims[0], keepdim)
+        if kind == "indices":
+            return torch.where(any_nan, first_nan, out)
+        values, indices = out
+        return torch.where(any_nan, torch.full_like(values, math.nan), values), torch.where(any_nan, first_nan, indices)
+
+    return _once(op, decompose)
+
+
+def _whole(op: Any) -> Any:
+    """``max()``/``min()`` of a whole tensor: ``amax``/``amin`` over every dim (NaN rule above)."""
+    reduce = _nan_propagating(op, "values")
+
+    def decompose(x: torch.Tensor) -> Any:
+        if not x.is_floating_point():
+            return NotImplemented
+        return reduce(x, list(range(x.dim())), False)
+
+    return decompose
+
+
+def float_sign(x: torch.Tensor) -> Any:
+    """``sign`` of floats as eager computes it, ``(x > 0) - (x < 0)``: 0 for NaN (ONNX's Sign
+    gives NaN)."""
+    if not x.is_floating_point():
+        return NotImplemented
+    return (x > 0).to(x.dtype) - (x < 0).to(x.dtype)
+
+
+def real_sgn(x: torch.Tensor) -> Any:
+    """``sgn``: :func:`float_sign` for floats, torch's own decomposition otherwise (this entry
+    replaces it in the table, so declining would leave ``sgn`` untranslated)."""
+    if x.is_floating_point():
+        return float_sign(x)
+    return _torch_decomposition(_aten.sgn.default, x)
+
+
+def real_angle(x: torch.Tensor) -> Any:
+    """``angle`` of real numbers: pi below 0, 0 otherwise, NaN for NaN (the translation gave 0)."""
+    if x.is_complex():
+        return NotImplemented
+    dtype = x.dtype if x.is_floating_point() else torch.get_default_dtype()
+    x = x.to(dtype)
+    return torch.where(torch.isnan(x), x, torch.where(x < 0, torch.full_like(x, math.pi), torch.zeros_like(x)))
+
+
+def xlogy(x: Any, y: Any) -> Any:
+    """``xlogy`` with eager's order of rules: NaN where ``y`` is NaN (even where ``x`` is 0), then
+    0 where ``x`` is 0, else ``x * log(y)``."""
+    if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
+        return NotImplemented
+    dtype = torch.result_type(x, y)
+    if not dtype.is_floating_point:
+        dtype = torch.get_default_dtype()
+    x, y = x.to(dtype), y.to(dtype)
+    product = torch.where(x == 0, torch.zeros_like(x * y), x * torch.log(y))
+    return torch.where(torch.isnan(y), y.expand_as(product), product)
+
+
+def logaddexp2(a: torch.Tensor, b: torch.Tensor) -> Any:
+    """``logaddexp2`` as ``max + log1p(2**-|a - b|) / ln 2`` (accurate log1p; the translation's
+    form overflowed for ``logaddexp2(0, 3e38)`` and lost ``logaddexp2(0, -88)``), equal
+    infinities kept."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return NotImplemented
+    dtype = torch.result_type(a, b)
+    if dtype not in (torch.float32, torch.float64):
+        return NotImplemented
+    a, b = a.to(dtype), b.to(dtype)
+    m = torch.maximum(a, b)
+    same_inf = torch.isinf(a) & (a == b)
+    return torch.where(same_inf, a, m + _accurate_log1p(torch.exp2(-torch.abs(a - b))) / math.log(2.0))
+
+
+def float_floor_divide(a: Any, b: Any) -> Any:
+    """Floating ``floor_divide`` / ``div(rounding_mode="floor")`` by eager's algorithm: the
+    quotient of ``a - fmod(a, b)``, corrected by the remainder's sign and rounded to nearest.
+    The translation's ``floor(a / b)`` gave inf for ``inf // 1`` (eager and Python: NaN) and
+    rounds the quotient first. float16/bfloat16 compute in float32."""
+    if not isinstance(a, torch.Tensor):
+        return NotImplemented
+    dtype = torch.result_type(a, b)
+    if not dtype.is_floating_point:
+        return NotImplemented
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    a = a.to(work)
+    b = b.to(work) if isinstance(b, torch.Tensor) else torch.full_like(a, float(b))
+    mod = torch.fmod(a, b)
+    div = (a - mod) / b
+    div = torch.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1, div)
+    floor = torch.floor(div)
+    floor = torch.where(div - floor > 0.5, floor + 1, floor)
+    quotient = a / b
+    zero = torch.zeros_like(quotient) * torch.where(quotient < 0, -1.0, 1.0)  # copysign(0, a / b)
+    out = torch.where(div == 0, zero, floor)
+    return torch.where(b == 0, quotient, out).to(dtype)
+
+
+def floor_division_mode(a: Any, b: Any, rounding_mode: str | None = None) -> Any:
+    """``div`` with a rounding mode: integers by :func:`integer_division`, float "floor" by
+    :func:`float_floor_divide`."""
+    out = integer_division(a, b, rounding_mode)
+    if out is NotImplemented and rounding_mode == "floor":
+        return float_floor_divide(a, b)
+    return out
+
+
 _INTEGRAL = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool)
 
 
@@ -704,7 +904,8 @@ def safe_softmax(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) ->
     selected: a masked row is raised to 0 before the softmax (``maximum`` with a per-row floor
     of 0 or ``-inf``; NaN propagates) and its uniform result is multiplied by 0.
     """
-    masked = x.amax(dim, keepdim=True) == float("-inf")
+    with _as_is(_aten.amax):  # a NaN row is NaN either way: ORT's NaN-skipping ReduceMax will do
+        masked = x.amax(dim, keepdim=True) == float("-inf")
     floor = torch.where(masked, x.new_zeros(()), x.new_full((), float("-inf")))
     out = torch.softmax(torch.maximum(x, floor), dim=dim, dtype=dtype)
     return out * masked.logical_not().to(out.dtype)
@@ -855,7 +1056,11 @@ DECOMPOSITIONS = {
     _aten.unsafe_split.Tensor: split,
     _aten.split_with_sizes.default: split_with_sizes,
     _aten.unsafe_split_with_sizes.default: split_with_sizes,
-    **{op.default: _reduce_scalar(op) for op in (_aten.amax, _aten.amin)},
+    **{op.default: _nan_propagating(op, "values") for op in (_aten.amax, _aten.amin)},
+    **{op.dim: _nan_propagating(op, "both") for op in (_aten.max, _aten.min)},
+    _aten.max.default: _whole(_aten.amax),
+    _aten.min.default: _whole(_aten.amin),
+    **{op.default: _nan_propagating(op, "indices") for op in (_aten.argmax, _aten.argmin)},
     **{getattr(op, o): _reduce_scalar(op) for op in (_aten.any, _aten.all) for o in ("default", "dim", "dims")},
     _aten.isnan.default: isnan_of_integers,
     **{op.default: round_integers for op in (_aten.trunc, _aten.floor, _aten.ceil, _aten.round)},
@@ -871,8 +1076,15 @@ DECOMPOSITIONS = {
     _aten.fmax.default: nan_ignoring(torch.maximum),
     _aten.fmin.default: nan_ignoring(torch.minimum),
     _aten.hypot.default: hypot,
-    _aten.div.Tensor_mode: integer_division,
-    _aten.div.Scalar_mode: integer_division,
+    _aten.div.Tensor_mode: floor_division_mode,
+    _aten.div.Scalar_mode: floor_division_mode,
+    _aten.floor_divide.default: float_floor_divide,
+    _aten.floor_divide.Scalar: float_floor_divide,
+    _aten.sign.default: float_sign,
+    _aten.sgn.default: real_sgn,
+    _aten.angle.default: real_angle,
+    _aten.xlogy.Tensor: xlogy,
+    _aten.logaddexp2.default: logaddexp2,
     _aten.isinf.default: infinity_test("any"),
     _aten.isposinf.default: infinity_test("pos"),
     _aten.isneginf.default: infinity_test("neg"),
@@ -900,6 +1112,7 @@ DECOMPOSITIONS = {
     _aten.fmod.Scalar: fmod_scalar,
     _aten.remainder.Scalar: float_remainder,
     _aten.remainder.Tensor: float_remainder,
+    _aten.atan2.default: atan2,
     _aten.signbit.default: signbit,
     _aten.copysign.Tensor: copysign,
     _aten.copysign.Scalar: copysign,
