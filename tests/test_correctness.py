@@ -467,9 +467,25 @@ _NAN_CASES = [
     ("float64 floor_divide near ties", torch.floor_divide, (_F64 * 10, _F64.flip(0))),
     ("float32 div floor by a scalar", lambda x: torch.div(x, 0.1, rounding_mode="floor"), (_F64.float() * 10,)),
     ("float32 // 0", lambda x: x // 0.0, (_SPECIALS,)),
+    # one-sided clamps clipped infinities at the dtype's largest value
+    *((f"{str(dt)[6:]} clamp_min", lambda x: x.clamp_min(0.5), (_SPECIALS.to(dt),)) for dt in _FLOATS),
+    ("clamp_max", lambda x: x.clamp_max(-0.5), (_SPECIALS,)),
+    ("clamp_min by a tensor", lambda x: x.clamp_min(x.flip(0)), (_SPECIALS,)),
+    ("normalize of an infinite row", lambda x: F.normalize(x, dim=1), (_ROWS.nan_to_num(nan=1.0),)),
+    # max pooling skipped NaN (a diverging layer's NaN vanished)
+    *((f"{str(dt)[6:]} max_pool2d with indices", lambda x: F.max_pool2d(x.view(1, 1, 3, 4), 2, 1, return_indices=True), (_ROWS.to(dt),)) for dt in _FLOATS),
+    ("max_pool1d", lambda x: F.max_pool1d(x.view(1, 3, 4), 2), (_ROWS,)),
+    ("max_pool3d", lambda x: F.max_pool3d(x.view(1, 1, 1, 3, 4), (1, 2, 2), 1), (_ROWS,)),
 ]
 
 
 @pytest.mark.parametrize("name,fn,args", _NAN_CASES, ids=[c[0] for c in _NAN_CASES])
 def test_nan_and_infinities_as_eager(name: str, fn, args) -> None:
     _assert_exact_on_ort(name, fn, args)
+
+
+def test_max_pooling_gradient_goes_to_the_nan_like_eager() -> None:
+    x = torch.randn(2, 3, 8, 8)
+    x[0, 1, 2, 3] = math.nan
+    c = parity(lambda a: F.max_pool2d(a, 2).nan_to_num(0.0) * 2, x, rtol=0, atol=0)
+    assert c["ort_runs"] >= 2 and c["fallback_ops"] == 0, metrics.fallbacks()

@@ -553,6 +553,54 @@ def _whole(op: Any) -> Any:
     return decompose
 
 
+def clamp_scalars(x: torch.Tensor, min: Any = None, max: Any = None) -> Any:
+    """``clamp`` of floats by one Python bound, the other given as infinity: the translation is
+    ONNX ``Clip`` without it, which ORT takes as the dtype's largest finite value, so
+    ``inf.clamp(min=0.5)`` gave 3.4e38 (and ``F.normalize`` of an infinite row a number where
+    eager gives NaN)."""
+    if not x.is_floating_point() or (min is None) == (max is None):
+        return NotImplemented
+    return torch.clamp(x, -math.inf if min is None else min, math.inf if max is None else max)
+
+
+def one_sided_clamp(side: str) -> Any:
+    """``clamp_min``/``clamp_max`` of floats as ``clamp`` with that one bound (the translation
+    clips at the dtype's largest finite value, see :func:`clamp_scalars`)."""
+
+    def decompose(x: torch.Tensor, bound: Any) -> Any:
+        if not x.is_floating_point():
+            return NotImplemented
+        return torch.clamp(x, min=bound) if side == "min" else torch.clamp(x, max=bound)
+
+    return decompose
+
+
+def _nan_pooling(op: Any) -> Any:
+    """Max pooling with indices (``op``: the 2-d or 3-d one) of floats with eager's NaN rule: a
+    window holding a NaN gives NaN and the NaN's index. ORT's MaxPool skips NaN (a window
+    [NaN, 1] gave 1), so a NaN from a diverging layer vanished where eager passes it on. One
+    more pooling finds those windows: of the NaN mask times each element's position plus one,
+    so that, as in eager's scan, the last NaN of a window gives the index; where nothing reads
+    the indices (inference) both poolings lose them (:func:`drop_unused_indices`)."""
+    spatial_dims = 3 if op is _aten.max_pool3d_with_indices else 2
+
+    def decompose(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if not x.is_floating_point():
+            return NotImplemented
+        values, indices = op(x, *args, **kwargs)
+        spatial = x.shape[-spatial_dims:]
+        count = 1
+        for size in spatial:
+            count = count * size
+        # float32 holds every position exactly up to 2**24 per plane
+        positions = torch.arange(1, count + 1, dtype=torch.float32, device=x.device).view(spatial)
+        has_nan, nan_index = op(torch.isnan(x).to(torch.float32) * positions, *args, **kwargs)
+        found = has_nan > 0
+        return torch.where(found, torch.full_like(values, math.nan), values), torch.where(found, nan_index, indices)
+
+    return _once(op, decompose)
+
+
 def float_sign(x: torch.Tensor) -> Any:
     """``sign`` of floats as eager computes it, ``(x > 0) - (x < 0)``: 0 for NaN (ONNX's Sign
     gives NaN)."""
@@ -1081,6 +1129,10 @@ DECOMPOSITIONS = {
     _aten.floor_divide.default: float_floor_divide,
     _aten.floor_divide.Scalar: float_floor_divide,
     _aten.sign.default: float_sign,
+    **{op.default: _nan_pooling(op) for op in (_aten.max_pool2d_with_indices, _aten.max_pool3d_with_indices)},
+    _aten.clamp.default: clamp_scalars,
+    **{getattr(_aten.clamp_min, o): one_sided_clamp("min") for o in ("default", "Tensor")},
+    **{getattr(_aten.clamp_max, o): one_sided_clamp("max") for o in ("default", "Tensor")},
     _aten.sgn.default: real_sgn,
     _aten.angle.default: real_angle,
     _aten.xlogy.Tensor: xlogy,
