@@ -181,7 +181,8 @@ def test_autotune_keeps_the_faster_engine_and_explain_shows_both_timings():
     for _ in range(3):
         assert_close(f(x), x + 1)
     c = metrics.counters()
-    assert (c["torch_runs"] == 3) == (c["autotune_kept_in_pytorch"] == 1)
+    # the counter exists once autotune kept a region in PyTorch (timing decides which engine wins)
+    assert (c["torch_runs"] == 3) == (c.get("autotune_kept_in_pytorch", 0) == 1)
     assert any(k.startswith("autotune_ort:") for k in metrics.timings())
 
 
