@@ -639,21 +639,6 @@ def xlogy(x: Any, y: Any) -> Any:
     return torch.where(torch.isnan(y), y.expand_as(product), product)
 
 
-def logaddexp2(a: torch.Tensor, b: torch.Tensor) -> Any:
-    """``logaddexp2`` as ``max + log1p(2**-|a - b|) / ln 2`` (accurate log1p; the translation's
-    form overflowed for ``logaddexp2(0, 3e38)`` and lost ``logaddexp2(0, -88)``), equal
-    infinities kept."""
-    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
-        return NotImplemented
-    dtype = torch.result_type(a, b)
-    if dtype not in (torch.float32, torch.float64):
-        return NotImplemented
-    a, b = a.to(dtype), b.to(dtype)
-    m = torch.maximum(a, b)
-    same_inf = torch.isinf(a) & (a == b)
-    return torch.where(same_inf, a, m + _accurate_log1p(torch.exp2(-torch.abs(a - b))) / math.log(2.0))
-
-
 def float_floor_divide(a: Any, b: Any) -> Any:
     """Floating ``floor_divide`` / ``div(rounding_mode="floor")`` by eager's algorithm: the
     quotient of ``a - fmod(a, b)``, corrected by the remainder's sign and rounded to nearest.
@@ -778,19 +763,31 @@ def expm1(x: torch.Tensor) -> Any:
     return torch.where(u != 1, body, x)  # x second: keeps -0.0 (quirks.WHERE_DROPS_NEGATIVE_ZERO)
 
 
-def logaddexp(a: torch.Tensor, b: torch.Tensor) -> Any:
-    """``logaddexp`` as ``max + log1p(exp(-|a - b|))`` with :func:`log1p`'s accuracy (the
-    exporter's form loses results below epsilon: ``logaddexp(-100, 0)`` gave 0), and equal
-    infinities kept."""
-    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
-        return NotImplemented
-    dtype = torch.result_type(a, b)
-    if dtype not in (torch.float32, torch.float64):
-        return NotImplemented
-    a, b = a.to(dtype), b.to(dtype)
-    m = torch.maximum(a, b)
-    same_inf = torch.isinf(a) & (a == b)
-    return torch.where(same_inf, a, m + _accurate_log1p(torch.exp(-torch.abs(a - b))))
+def _log_add(exp: Any, ln_base: float) -> Any:
+    """``logaddexp`` (``exp``, ln e = 1) and ``logaddexp2`` (``exp2``, ln 2) as
+    ``max + log1p(exp(-|a - b|)) / ln base`` with :func:`log1p`'s accuracy (the exporter's form
+    loses results below epsilon: ``logaddexp(-100, 0)`` and ``logaddexp2(0, -88)`` gave 0, and
+    ``logaddexp2(0, 3e38)`` overflowed), equal infinities kept."""
+
+    def decompose(a: torch.Tensor, b: torch.Tensor) -> Any:
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return NotImplemented
+        dtype = torch.result_type(a, b)
+        if dtype not in (torch.float32, torch.float64):
+            return NotImplemented
+        a, b = a.to(dtype), b.to(dtype)
+        m = torch.maximum(a, b)
+        same_inf = torch.isinf(a) & (a == b)
+        correction = _accurate_log1p(exp(-torch.abs(a - b)))
+        if ln_base != 1.0:
+            correction = correction / ln_base
+        return torch.where(same_inf, a, m + correction)
+
+    return decompose
+
+
+logaddexp = _log_add(torch.exp, 1.0)
+logaddexp2 = _log_add(torch.exp2, math.log(2.0))
 
 
 def _float64_only(fn: Any) -> Any:
