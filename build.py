@@ -710,7 +710,7 @@ def plan(args: argparse.Namespace, py: str | None = None) -> list[Step]:
 def test_command(args: argparse.Namespace, py: str) -> list[str]:
     cmd = [py, "-m", "pytest", "-q", "-n", str(args.workers), str(ROOT / "tests")]
     if args.full:
-        cmd += ["--opinfo=full", "--zoo-full", "--max-worker-restart", "100"]
+        cmd += ["--opinfo=full", "--full-tier", "--max-worker-restart", "100"]
     if args.shards > 1:
         cmd += ["--shards", str(args.shards), "--shard", str(args.shard)]
     return cmd

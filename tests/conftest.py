@@ -1,5 +1,7 @@
 """Shared fixtures, the ``--shards N --shard I`` split used by build.py and CI, and the opt-in
-full model zoo (``--zoo-full`` or ``ORT_LAZY_ZOO_FULL=1``; the default run takes its fast subset)."""
+full tier: the whole model zoo (``--zoo-full`` or ``ORT_LAZY_ZOO_FULL=1``) and every test marked
+``full`` (``--full-tier`` or ``ORT_LAZY_FULL_TIER=1``, which includes the zoo; ``build.py --test
+--full`` passes it). The default run takes the fast subset."""
 
 from __future__ import annotations
 
@@ -23,10 +25,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=os.environ.get("ORT_LAZY_ZOO_FULL", "") not in ("", "0"),
         help="also run the zoo tests marked zoo_full (default: only the fast subset; env ORT_LAZY_ZOO_FULL=1)",
     )
+    group.addoption(
+        "--full-tier",
+        action="store_true",
+        default=os.environ.get("ORT_LAZY_FULL_TIER", "") not in ("", "0"),
+        help="also run the tests marked full and the whole zoo (env ORT_LAZY_FULL_TIER=1)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "zoo_full: model-zoo test outside the fast subset (opt in with --zoo-full)")
+    config.addinivalue_line("markers", "full: test outside the fast subset .ci/run takes (opt in with --full-tier)")
 
 
 def shard_of(nodeid: str, shards: int) -> int:
@@ -35,10 +44,16 @@ def shard_of(nodeid: str, shards: int) -> int:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not config.getoption("--zoo-full"):
+    full_tier = config.getoption("--full-tier")
+    if not (config.getoption("--zoo-full") or full_tier):
         opt_in = pytest.mark.skip(reason="full model zoo: opt in with --zoo-full or ORT_LAZY_ZOO_FULL=1")
         for item in items:
             if item.get_closest_marker("zoo_full"):
+                item.add_marker(opt_in)
+    if not full_tier:
+        opt_in = pytest.mark.skip(reason="full tier: opt in with --full-tier or ORT_LAZY_FULL_TIER=1")
+        for item in items:
+            if item.get_closest_marker("full"):
                 item.add_marker(opt_in)
     shards = config.getoption("--shards")
     if shards <= 1:

@@ -148,7 +148,10 @@ def registered_ops(cache_dir: str | None = None) -> frozenset[Any]:
         names = sorted({op_name(op) for op in _compat.onnx_implemented_overloads()})
         if cache is not None:
             cache.put_json("registered-ops", names)
-    return frozenset(op for op in (lookup(n) for n in names) if isinstance(op, torch._ops.OpOverload))
+    from .export.polynomials import POLYNOMIAL_OPS
+
+    ops = {op for op in (lookup(n) for n in names) if isinstance(op, torch._ops.OpOverload)}
+    return frozenset(ops | set(POLYNOMIAL_OPS))
 
 
 def translatable(target: Any, cache_dir: str | None = None) -> bool:

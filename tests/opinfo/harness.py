@@ -10,7 +10,11 @@ A case is (OpInfo + variant, dtype, direction):
 
 Each sample runs in eager twice (different seeds: a sample whose result changes is
 nondeterministic and skipped) and once compiled; outputs, gradients and the inputs after the
-call (in-place mutation) are compared. :func:`run_case` folds the samples into one status:
+call (in-place mutation) are compared. A float32/float16/bfloat16 output or gradient beyond the
+tolerance still matches when its error against a float64 run of eager is at most
+:data:`ILL_CONDITIONED_FACTOR` times eager's own (an ill-conditioned computation, where eager is
+no closer to the exact result: e.g. ``logcumsumexp``'s gradient, eager 2.2e-3 off in float32).
+:func:`run_case` folds the samples into one status:
 ``ort``, ``fallback: <reason>``, ``wrong (<where>)``, ``crash (<error>)`` or ``skip: <why>``.
 """
 
@@ -25,6 +29,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -238,10 +243,12 @@ def _clone(value: Any) -> Any:
     return value
 
 
-def _cotangent(t: torch.Tensor, i: int) -> torch.Tensor:
+def _cotangent(t: torch.Tensor, i: int, like: torch.dtype | None = None) -> torch.Tensor:
+    """The seeded cotangent of output ``i``; with ``like``, the values drawn for that dtype."""
     g = torch.Generator().manual_seed(1000 + i)
-    base = torch.float64 if t.dtype == torch.float64 else torch.float32
-    return torch.randn(t.shape, generator=g, dtype=base).to(t.dtype)
+    drawn = like or t.dtype
+    base = torch.float64 if drawn == torch.float64 else torch.float32
+    return torch.randn(t.shape, generator=g, dtype=base).to(drawn).to(t.dtype)
 
 
 @dataclass
@@ -271,8 +278,16 @@ def _phase(out: dict[str, _Phase], name: str) -> Iterator[None]:
             out[name] = _Phase(metrics.counters(), metrics.fallbacks(), list(records), _graph_breaks())
 
 
-def _execute(fn: Callable[..., Any], sample: Any, direction: str, seed: int, phases: dict[str, _Phase] | None = None) -> _Run:
-    """Call ``fn`` on a copy of ``sample``; for ``backward`` also take the gradients."""
+def _execute(
+    fn: Callable[..., Any],
+    sample: Any,
+    direction: str,
+    seed: int,
+    phases: dict[str, _Phase] | None = None,
+    cotangents_like: torch.dtype | None = None,
+) -> _Run:
+    """Call ``fn`` on a copy of ``sample``; for ``backward`` also take the gradients (with the
+    cotangents drawn for ``cotangents_like`` when given: a widened run gets the same ones)."""
     inp, args, kwargs = pytree.tree_map(_clone, (sample.input, sample.args, sample.kwargs))
     record = phases if phases is not None else {}
     track = _phase if phases is not None else (lambda out, name: contextlib.nullcontext())
@@ -286,7 +301,7 @@ def _execute(fn: Callable[..., Any], sample: Any, direction: str, seed: int, pha
         outs = [t for t in pytree.tree_leaves(processed) if isinstance(t, torch.Tensor) and t.requires_grad]
         leaves = [t for t in pytree.tree_leaves((inp, args, kwargs)) if isinstance(t, torch.Tensor) and t.requires_grad]
         if outs and leaves:
-            cotangents = [_cotangent(t, i) for i, t in enumerate(outs)]
+            cotangents = [_cotangent(t, i, cotangents_like) for i, t in enumerate(outs)]
             with track(record, "backward"):
                 grads = list(torch.autograd.grad(outs, leaves, cotangents, allow_unused=True))
             grads = [g.detach() if g is not None else None for g in grads]
@@ -314,8 +329,40 @@ def _compiled(op: Any, backend: str = "ort", options: dict[str, Any] | None = No
         return target(*args, **kwargs)
 
     if options:
-        return torch.compile(call, backend=backend, dynamic=False, options=options)
-    return torch.compile(call, backend=backend, dynamic=False)
+        compiled = torch.compile(call, backend=backend, dynamic=False, options=options)
+    else:
+        compiled = torch.compile(call, backend=backend, dynamic=False)
+    return _without_seed_wrapper(compiled, target)
+
+
+def _without_seed_wrapper(fn: Callable[..., Any], target: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` (a call of the OpInfo's ``target``) with the OpInfo's ``wrapper_set_seed`` (seed 42
+    under ``freeze_rng_state``) lifted: dynamo does not trace that wrapper (the whole call ran in
+    PyTorch, the op never compiled), and its fixed seed hid random samples (dropout in training)
+    from the determinism check. Eager and compiled calls both get the op itself, seeded by
+    :func:`_execute`."""
+    namespace = getattr(target, "__globals__", {})
+    if "wrapper_set_seed" not in getattr(getattr(target, "__code__", None), "co_names", ()):
+        return fn
+
+    def unseeded(*args: Any, **kwargs: Any) -> Any:
+        saved = namespace["wrapper_set_seed"]
+        namespace["wrapper_set_seed"] = _call_op
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            namespace["wrapper_set_seed"] = saved
+
+    return unseeded
+
+
+def _eager(op: Any) -> Callable[..., Any]:
+    """The OpInfo's op as eager runs it for comparison (see :func:`_without_seed_wrapper`)."""
+    return _without_seed_wrapper(op.op, op.op)
+
+
+def _call_op(op: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    return op(*args, **kwargs)
 
 
 # ----------------------------------------------------------------------------- comparison
@@ -450,6 +497,60 @@ def _compare(actual: _Run, expected: _Run, op: Any, sample: Any) -> tuple[_Misma
             return mismatch, ratio
         worst = max(worst, ratio)
     return None, worst
+
+
+#: how many times eager's own error against float64 a result may have (see the module docstring)
+ILL_CONDITIONED_FACTOR = 2.0
+
+
+def _widened_reference(op: Any, sample: Any, direction: str, dtype: torch.dtype) -> _Run | None:
+    """Eager on the sample with every floating tensor in float64 (same cotangents), or None when
+    eager cannot run it so."""
+
+    def widen(v: Any) -> Any:
+        if isinstance(v, torch.Tensor) and v.is_floating_point():
+            return v.detach().double().requires_grad_(v.requires_grad)
+        return v
+
+    inp, args, kwargs = pytree.tree_map(widen, (sample.input, sample.args, sample.kwargs))
+    wide = SimpleNamespace(input=inp, args=args, kwargs=kwargs, output_process_fn_grad=sample.output_process_fn_grad)
+    try:
+        return _execute(_eager(op), wide, direction, seed=0, cotangents_like=dtype)
+    except Exception:
+        return None
+
+
+def _within_eager_error(actual: _Run, expected: _Run, reference: _Run) -> bool:
+    """Every float output and gradient of ``actual`` is at most :data:`ILL_CONDITIONED_FACTOR`
+    times as far from ``reference`` (float64) as eager's, NaN and infinities where eager has them."""
+
+    def tensors(run: _Run) -> list[Any]:
+        return list(run.outputs) + list(run.grads or [])
+
+    a_all, e_all, r_all = tensors(actual), tensors(expected), tensors(reference)
+    if not len(a_all) == len(e_all) == len(r_all):
+        return False
+    for a, e, r in zip(a_all, e_all, r_all):
+        if not (isinstance(a, torch.Tensor) and isinstance(e, torch.Tensor) and isinstance(r, torch.Tensor)):
+            if a is None and e is None:
+                continue
+            if not isinstance(e, torch.Tensor) and a == e:
+                continue
+            return False
+        if not e.is_floating_point() or e.dtype == torch.float64:
+            if not torch.equal(a, e):
+                return False
+            continue
+        a, e, r = a.double(), e.double(), r.double()
+        if a.shape != r.shape or not torch.equal(torch.isnan(a), torch.isnan(e)):
+            return False
+        if not torch.equal(torch.isinf(a) & (a == e), torch.isinf(e)):
+            return False
+        finite = torch.isfinite(e) & torch.isfinite(r)
+        ours, eager = (a - r).abs()[finite], (e - r).abs()[finite]
+        if ours.numel() and float(ours.max()) > ILL_CONDITIONED_FACTOR * float(eager.max()):
+            return False
+    return True
 
 
 def _identical(a: _Run, b: _Run) -> bool:
@@ -620,11 +721,11 @@ def _samples(op: Any, dtype: torch.dtype, direction: str) -> Iterator[Any]:
 
 def _run_sample(op: Any, sample: Any, index: int, direction: str, diagnose: bool) -> SampleResult:
     try:
-        expected = _execute(op.op, sample, direction, seed=0)
+        expected = _execute(_eager(op), sample, direction, seed=0)
     except Exception as e:
         return SampleResult(index, "skip: eager raises", _error_text(e))
     try:
-        again = _execute(op.op, sample, direction, seed=1)
+        again = _execute(_eager(op), sample, direction, seed=1)
     except Exception as e:
         return SampleResult(index, "skip: eager raises", _error_text(e))
     if not _identical(expected, again):
@@ -643,6 +744,16 @@ def _run_sample(op: Any, sample: Any, index: int, direction: str, diagnose: bool
     ops, on_ort = (sum(x) for x in zip(*(_graph_ops(p.records) for p in phases.values()))) if phases else (0, 0)
     ort_runs = sum(p.counters["ort_runs"] for p in phases.values())
     mismatch, ratio = _compare(actual, expected, op, sample)
+    dtype = sample.input.dtype if isinstance(sample.input, torch.Tensor) else None
+    if (
+        mismatch is not None
+        and math.isfinite(mismatch.error)
+        and dtype in (torch.float32, torch.float16, torch.bfloat16)
+        and not mismatch.where.startswith("input")
+    ):
+        reference = _widened_reference(op, sample, direction, dtype)
+        if reference is not None and _within_eager_error(actual, expected, reference):
+            mismatch, ratio = None, 1.0
     if mismatch is not None:
         culprit = _diagnose(op, sample, direction, expected) if diagnose else ""
         where = re.sub(r" \d+$", "", mismatch.where) if mismatch.where.startswith("input") else mismatch.where

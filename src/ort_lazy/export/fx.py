@@ -14,6 +14,7 @@ import torch.fx
 
 from .. import _compat, metrics
 from ..specs import TORCH_TO_ONNX, OrtModel, TensorSpec
+from .polynomials import register_polynomials
 from .quantize import quantize_dynamic_int8
 from .widen import widen_low_precision
 
@@ -73,6 +74,7 @@ def translate(gm: torch.fx.GraphModule, name: str = "region", providers: Sequenc
     gm = _prepare(gm)
     scalars = _exact_double_scalars(gm)
     model = _compat.new_ir_model(name)
+    register_polynomials(_compat.onnx_registry())
     _compat.translate_fx_graph(gm.graph, model)
     if scalars:
         _bake_constants(model, scalars)
@@ -160,7 +162,9 @@ def _exact_double_scalars(gm: torch.fx.GraphModule) -> dict[int, torch.Tensor]:
 
 def _python_floats(gm: torch.fx.GraphModule) -> dict[float, float]:
     """{float32 rounding: value} of the Python floats in ``gm``'s arguments that float32 cannot
-    hold, where no two of them round to the same float32."""
+    hold, where no other of them rounds to the same float32: neither an inexact one nor one
+    float32 holds exactly (``3.1415927410125732`` beside ``math.pi``: a constant of that value
+    may be either, and taking it for pi computed float32 digamma 3% off near its poles)."""
     seen: dict[float, set[float]] = {}
 
     def visit(value: Any) -> None:
@@ -168,15 +172,14 @@ def _python_floats(gm: torch.fx.GraphModule) -> dict[float, float]:
             for item in value:
                 visit(item)
         elif type(value) is float and math.isfinite(value):
-            rounded = float(np.float32(value))
-            if rounded != value:
-                seen.setdefault(rounded, set()).add(value)
+            seen.setdefault(float(np.float32(value)), set()).add(value)
 
     for node in gm.graph.nodes:
         if node.op == "call_function":
             visit(node.args)
             visit(tuple(node.kwargs.values()))
-    return {rounded: next(iter(values)) for rounded, values in seen.items() if len(values) == 1}
+    single = {rounded: next(iter(values)) for rounded, values in seen.items() if len(values) == 1}
+    return {rounded: value for rounded, value in single.items() if value != rounded}
 
 
 def _restore_double_constants(model: Any, gm: torch.fx.GraphModule) -> int:

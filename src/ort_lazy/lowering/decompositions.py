@@ -26,6 +26,7 @@ import torch
 
 from ..support import DISTRUSTED, registered_ops
 from .rewrites import DECOMPOSITIONS
+from .special import SPECIAL_DECOMPOSITIONS
 
 __all__ = ["decomposition_table", "EXCLUDED"]
 
@@ -80,5 +81,6 @@ def decomposition_table(cache_dir: str | None = None) -> dict[Any, Any]:
     for op in DISTRUSTED:
         if op not in table and op in full:
             table[op] = full[op]
+    table.update(SPECIAL_DECOMPOSITIONS)
     table.update(DECOMPOSITIONS)
     return table

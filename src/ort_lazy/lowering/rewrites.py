@@ -13,11 +13,9 @@ fuses): exact, except GELU, which ORT's fused kernel computes to within rounding
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
 import operator
-import threading
 from typing import Any
 
 import torch
@@ -25,6 +23,12 @@ import torch.fx
 import torch.nn.functional as F
 
 from .. import _compat
+from .distances import DISTANCE_DECOMPOSITIONS
+from .guards import _as_is, _once
+from .indexing import INDEXING_DECOMPOSITIONS
+from .order import ORDER_DECOMPOSITIONS
+from .padding import PADDING_DECOMPOSITIONS
+from .scans import SCAN_DECOMPOSITIONS
 
 __all__ = ["transformer_encoder_layer", "lower_fast_paths", "drop_unused_indices", "DECOMPOSITIONS"]
 
@@ -471,44 +475,6 @@ def atan2(y: Any, x: Any) -> Any:
     return r.to(dtype)
 
 
-_reentry = threading.local()
-
-
-@contextlib.contextmanager
-def _as_is(op: Any) -> Any:
-    """Within: ``op`` is traced as is, not by its guarded decomposition (see :func:`_once`)."""
-    active = getattr(_reentry, "ops", None)
-    if active is None:
-        active = _reentry.ops = set()
-    added = op not in active
-    active.add(op)
-    try:
-        yield
-    finally:
-        if added:
-            active.discard(op)
-
-
-def _once(op: Any, decompose: Any) -> Any:
-    """``decompose`` for ``op`` that may call ``op`` itself: inside it, ``op`` is traced as is
-    (a decomposition table entry returning NotImplemented)."""
-
-    def guarded(*args: Any, **kwargs: Any) -> Any:
-        active = getattr(_reentry, "ops", None)
-        if active is None:
-            active = _reentry.ops = set()
-        if op in active:
-            return NotImplemented
-        active.add(op)
-        try:
-            return decompose(*args, **kwargs)
-        finally:
-            active.discard(op)
-
-    guarded.__doc__ = decompose.__doc__
-    return guarded
-
-
 def _nan_propagating(op: Any, kind: str) -> Any:
     """``amax``/``amin`` (``kind`` "values"), ``max.dim``/``min.dim`` ("both"), ``argmax``/
     ``argmin`` ("indices") of floats with eager's NaN rule: a NaN in the reduced elements is the
@@ -519,6 +485,10 @@ def _nan_propagating(op: Any, kind: str) -> Any:
     def decompose(x: torch.Tensor, dim: Any = None, keepdim: bool = False) -> Any:
         if scalar is not None and x.dim() == 0:
             return scalar(x, dim, keepdim)
+        if kind == "both" and x.dtype == torch.bool and dim is not None:
+            # ORT has no bool ArgMax/ReduceMax: the same in int32
+            values, indices = op(x.to(torch.int32), dim, keepdim)
+            return values.to(torch.bool), indices
         if not x.is_floating_point() or x.dim() == 0:
             return NotImplemented
         if kind == "indices" and dim is None:
@@ -546,11 +516,20 @@ def _whole(op: Any) -> Any:
     reduce = _nan_propagating(op, "values")
 
     def decompose(x: torch.Tensor) -> Any:
+        if x.dtype == torch.bool:
+            return op(x.to(torch.int32), list(range(x.dim()))).to(torch.bool)  # no bool ReduceMax in ORT
         if not x.is_floating_point():
             return NotImplemented
         return reduce(x, list(range(x.dim())), False)
 
     return decompose
+
+
+def integer_relu(x: torch.Tensor) -> Any:
+    """``relu`` of integers as a clamp (ORT's Relu has no int64 kernel)."""
+    if x.is_floating_point() or x.dtype == torch.bool:
+        return NotImplemented
+    return torch.clamp_min(x, 0)
 
 
 def clamp_scalars(x: torch.Tensor, min: Any = None, max: Any = None) -> Any:
@@ -560,7 +539,10 @@ def clamp_scalars(x: torch.Tensor, min: Any = None, max: Any = None) -> Any:
     eager gives NaN)."""
     if not x.is_floating_point() or (min is None) == (max is None):
         return NotImplemented
-    return torch.clamp(x, -math.inf if min is None else min, math.inf if max is None else max)
+    # both bounds Python floats: an int beside the float infinity matches no translation
+    low = -math.inf if min is None else float(min) if isinstance(min, (int, float)) else min
+    high = math.inf if max is None else float(max) if isinstance(max, (int, float)) else max
+    return torch.clamp(x, low, high)
 
 
 def one_sided_clamp(side: str) -> Any:
@@ -981,6 +963,100 @@ def gelu(x: torch.Tensor, approximate: str = "none") -> Any:
     return (x * (torch.erf(x / math.sqrt(2.0)) + 1.0)) * 0.5
 
 
+def _pool_geometry(spatial: int, kernel_size: Any, stride: Any, padding: Any) -> tuple[list[int], list[int], list[int]]:
+    """Kernel, stride and padding of an average pooling, one entry per spatial dim."""
+
+    def per_dim(v: Any, default: Any) -> list[int]:
+        v = list(v) if isinstance(v, (list, tuple)) else [v]
+        v = v or list(default)
+        return v * spatial if len(v) == 1 else v
+
+    kernel = per_dim(kernel_size, ())
+    return kernel, per_dim(stride, kernel), per_dim(padding, (0,))
+
+
+def _window_sizes(
+    x: torch.Tensor, out_shape: Any, geometry: tuple[list[int], list[int], list[int]], include_pad: bool
+) -> torch.Tensor:
+    """Eager's divisor of every average-pooling window (broadcast over the spatial dims): its
+    extent clipped to the padded input, or without ``include_pad`` to the input itself."""
+    kernel, strides, pads = geometry
+    spatial = len(kernel)
+    factor = torch.ones((), dtype=x.dtype, device=x.device)
+    for i in range(spatial):
+        size, out = x.shape[x.dim() - spatial + i], out_shape[len(out_shape) - spatial + i]
+        start = torch.arange(out, device=x.device) * strides[i] - pads[i]  # window o: [start, end)
+        end = (start + kernel[i]).clamp_max(size + pads[i])
+        if include_pad:
+            counts = end - start
+        else:
+            counts = end.clamp_max(size) - start.clamp_min(0)
+        shape = [1] * spatial
+        shape[i] = out
+        factor = factor * counts.to(x.dtype).reshape(shape)
+    return factor
+
+
+def _avg_pool_divided_by(op: Any, spatial: int) -> Any:
+    """``avg_pool2d``/``avg_pool3d`` with ``divisor_override`` (which the translation ignores):
+    the average with padding counted, times each window's size (eager's: clipped to the padded
+    input, which ``ceil_mode`` windows can pass), divided by the divisor."""
+
+    def decompose(
+        x: torch.Tensor,
+        kernel_size: Any,
+        stride: Any = (),
+        padding: Any = 0,
+        ceil_mode: bool = False,
+        count_include_pad: bool = True,
+        divisor_override: int | None = None,
+    ) -> Any:
+        if divisor_override is None or not x.is_floating_point():
+            return NotImplemented
+        geometry = _pool_geometry(spatial, kernel_size, stride, padding)
+        average = op(x, *geometry, ceil_mode, True, None)
+        return average * _window_sizes(x, average.shape, geometry, True) / divisor_override
+
+    return decompose
+
+
+def _avg_pool_backward(spatial: int) -> Any:
+    """``avg_pool2d_backward``/``avg_pool3d_backward`` (no translation): each output gradient
+    divided by its window's divisor, spread over its window by a transposed convolution with a
+    kernel of ones (stride of the pooling, no padding), then cut to the input (the padding off)."""
+    transpose = F.conv_transpose2d if spatial == 2 else F.conv_transpose3d
+
+    def decompose(
+        grad: torch.Tensor,
+        x: torch.Tensor,
+        kernel_size: Any,
+        stride: Any,
+        padding: Any,
+        ceil_mode: bool,
+        count_include_pad: bool,
+        divisor_override: int | None,
+    ) -> Any:
+        if not grad.is_floating_point() or grad.dim() != spatial + 2:
+            return NotImplemented
+        kernel, strides, pads = geometry = _pool_geometry(spatial, kernel_size, stride, padding)
+        if divisor_override is not None:
+            scaled = grad / divisor_override
+        else:
+            scaled = grad / _window_sizes(x, grad.shape, geometry, count_include_pad)
+        lead, out = scaled.shape[:2], scaled.shape[2:]
+        ones = torch.ones([1, 1, *kernel], dtype=grad.dtype, device=grad.device)
+        spread = transpose(scaled.reshape(-1, 1, *out), ones, stride=strides)
+        for i in range(spatial):
+            size, dim = x.shape[2 + i], 2 + i
+            short = pads[i] + size - spread.shape[dim]
+            if short > 0:
+                spread = F.pad(spread, [0, 0] * (spatial - 1 - i) + [0, short])
+            spread = spread.narrow(dim, pads[i], size)
+        return spread.reshape(*lead, *x.shape[2:])
+
+    return decompose
+
+
 def adaptive_avg_pool2d_backward(grad: torch.Tensor, x: torch.Tensor) -> Any:
     """``aten._adaptive_avg_pool2d_backward`` when the input divides into equal windows: each
     input element gets its window's gradient divided by the window height, then width (the
@@ -1165,4 +1241,14 @@ DECOMPOSITIONS = {
     _aten.signbit.default: signbit,
     _aten.copysign.Tensor: copysign,
     _aten.copysign.Scalar: copysign,
+    _aten.relu.default: integer_relu,
+    _aten.avg_pool2d.default: _avg_pool_divided_by(_aten.avg_pool2d.default, 2),
+    _aten.avg_pool3d.default: _avg_pool_divided_by(_aten.avg_pool3d.default, 3),
+    _aten.avg_pool2d_backward.default: _avg_pool_backward(2),
+    _aten.avg_pool3d_backward.default: _avg_pool_backward(3),
+    **SCAN_DECOMPOSITIONS,
+    **INDEXING_DECOMPOSITIONS,
+    **DISTANCE_DECOMPOSITIONS,
+    **ORDER_DECOMPOSITIONS,
+    **PADDING_DECOMPOSITIONS,
 }
