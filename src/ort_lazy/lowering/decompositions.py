@@ -39,9 +39,6 @@ def _excluded() -> dict[Any, str]:
         aten.lift_fresh.default: "an alias of a real constant tensor (breaks fake-tensor tracing)",
         aten.lift.default: "an alias of a real constant tensor (breaks fake-tensor tracing)",
         aten.diagonal_scatter.default: "writes through prims.copy_to (not functional)",
-        # a triangular mask times a prims.prod, which has no translation and returns int64 for
-        # int32 inputs where cumprod(dtype=int32) must not
-        aten.cumprod.default: "quadratic, and its prims.prod changes the integer dtype",
         **{
             op: random
             for op in (
