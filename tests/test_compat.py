@@ -18,6 +18,24 @@ def test_exporter_registry_lists_translated_overloads():
     assert torch.ops.aten.mul.Tensor in ops and torch.ops.aten.addmm.default in ops
 
 
+def test_custom_translations_register_and_see_the_tracer():
+    """A translation registered through _compat is the registry's for that op; the exporter's
+    tracer is None outside a translation (tests/test_polynomials.py runs translations that use it)."""
+    from torch.onnx._internal.exporter._registration import ONNXRegistry
+
+    assert _compat.current_translation_tracer() is None
+
+    def nextafter(x, other):
+        return x
+
+    registry = ONNXRegistry.from_torchlib()
+    op = torch.ops.aten.nextafter.default
+    assert not registry.is_registered(op)
+    _compat.register_translation(registry, op, nextafter)
+    assert registry.is_registered(op)
+    assert any(meta.onnx_function is nextafter for meta in registry.get_decomps(op))
+
+
 def test_translate_fx_graph_keeps_symbolic_dims():
     import onnx_ir as ir
     from torch._subclasses.fake_tensor import FakeTensorMode

@@ -257,6 +257,18 @@ def onnx_registry() -> Any:
         return _registration.ONNXRegistry.from_torchlib()
 
 
+def register_translation(registry: Any, op: Any, function: Any) -> None:
+    """Add ``function`` (onnxscript-style, run by the translator) as ``op``'s translation."""
+    with quiet_exporter():  # a translation taking numbers or tensors has no ONNX signature
+        registry.register_op(op, function)
+
+
+def current_translation_tracer() -> Any:
+    """The exporter's tracer while it translates a node (None outside a translation)."""
+    _, _core, _, _, _, _ = _exporter()
+    return _core.current_tracer
+
+
 def onnx_implemented_overloads() -> list[Any]:
     """Every aten overload the exporter's registry translates (builds the registry: seconds)."""
     _, _, _decomp, _, _, _ = _exporter()

@@ -38,6 +38,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import _compat
+
 __all__ = ["POLYNOMIAL_OPS", "register_polynomials"]
 
 #: the polynomial ops, by the name of their ``torch.special`` function
@@ -494,9 +496,8 @@ def _result_type(x: Any, n: Any) -> Any:
 def _translation(name: str) -> Callable[[Any, Any], Any]:
     def translate(x: Any, n: Any) -> Any:
         import onnx_ir as ir
-        from torch.onnx._internal.exporter import _core
 
-        tracer = _core.current_tracer
+        tracer = _compat.current_translation_tracer()
         if tracer is None:
             raise RuntimeError("polynomial translations run inside the exporter's translator")
         t = _result_type(x, n)
@@ -519,20 +520,10 @@ def _translation(name: str) -> Callable[[Any, Any], Any]:
 
 def register_polynomials(registry: Any) -> Any:
     """Add the translations of :data:`POLYNOMIAL_OPS` to the exporter's ``registry`` (once)."""
-    import logging
-
-    from torch.onnx._internal.exporter import _registration
-
     if getattr(registry, "_ort_lazy_polynomials", False):
         return registry
-    quiet = logging.getLogger(_registration.__name__)
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)  # the translations take numbers or tensors: no ONNX signature
-    try:
-        for op in POLYNOMIAL_OPS:
-            name = op._schema.name.split("::", 1)[1].removeprefix("special_")
-            registry.register_op(op, _translation(name))
-    finally:
-        quiet.setLevel(level)
+    for op in POLYNOMIAL_OPS:
+        name = op._schema.name.split("::", 1)[1].removeprefix("special_")
+        _compat.register_translation(registry, op, _translation(name))
     registry._ort_lazy_polynomials = True
     return registry

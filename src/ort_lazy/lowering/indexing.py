@@ -39,9 +39,9 @@ def _scatter_extreme(self: torch.Tensor, dim: int, index: torch.Tensor, src: tor
     ``inf`` gave 3.4e38). Here the reduction always includes its start: ``self``, or where
     something is reduced into without it, the reduction's identity (-inf for max, inf for min);
     a NaN among the values reduced into a position makes it NaN."""
-    hits = torch.scatter_add(torch.zeros_like(self), dim, index, torch.ones_like(src)) > 0
     start = self
     if not include_self:
+        hits = torch.scatter_add(torch.zeros_like(self), dim, index, torch.ones_like(src)) > 0
         start = torch.where(hits, torch.full_like(self, -math.inf if reduce == "amax" else math.inf), self)
     out = _aten.scatter_reduce.two(start, dim, index, src, reduce, include_self=True)
     nan = torch.scatter_add(torch.zeros_like(self), dim, index, torch.isnan(src).to(self.dtype)) > 0

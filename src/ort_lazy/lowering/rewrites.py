@@ -571,9 +571,7 @@ def _nan_pooling(op: Any) -> Any:
             return NotImplemented
         values, indices = op(x, *args, **kwargs)
         spatial = x.shape[-spatial_dims:]
-        count = 1
-        for size in spatial:
-            count = count * size
+        count = math.prod(spatial)
         # float32 holds every position exactly up to 2**24 per plane
         positions = torch.arange(1, count + 1, dtype=torch.float32, device=x.device).view(spatial)
         has_nan, nan_index = op(torch.isnan(x).to(torch.float32) * positions, *args, **kwargs)

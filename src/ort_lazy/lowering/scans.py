@@ -82,20 +82,14 @@ def _extreme(larger: bool) -> Callable[..., Any]:
     return decompose
 
 
-def _log_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``log(exp(a) + exp(b))`` without overflow, equal infinities kept, ``-inf`` the identity."""
-    m = torch.maximum(a, b)
-    same_inf = torch.isinf(a) & (a == b)
-    return torch.where(same_inf, a, m + torch.log1p(torch.exp(-torch.abs(a - b))))
-
-
 def logcumsumexp(x: torch.Tensor, dim: int) -> Any:
     """``logcumsumexp`` as a log-add scan: each step adds two running sums, each relative to its
     own maximum, so no entry underflows below a later, larger one (half types in float32)."""
     if not _scannable(x, dim) or not x.is_floating_point():
         return NotImplemented
     wide = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
-    (out,) = scan((x.to(wide),), dim, lambda a, b: (_log_add(a[0], b[0]),))
+    # logaddexp is itself decomposed (rewrites.logaddexp): accurate, equal infinities kept
+    (out,) = scan((x.to(wide),), dim, lambda a, b: (torch.logaddexp(a[0], b[0]),))
     return out.to(x.dtype)
 
 
