@@ -74,7 +74,20 @@ def compiler_flags(config: str, torch_version: str) -> list[str]:
     if sys.platform == "win32":
         return ["/std:c++17", *MSVC_CONFIGS[config], f"/DORT_LAZY_TORCH_VERSION={torch_version}"]
     # Unquoted: bridge.cpp stringizes the macro (quotes would not survive the ninja file).
-    return ["-std=c++17", *CONFIGS[config], f"-DORT_LAZY_TORCH_VERSION={torch_version}"]
+    return ["-std=c++17", *CONFIGS[config], f"-DORT_LAZY_TORCH_VERSION={torch_version}", *openmp_flags()]
+
+
+def openmp_flags() -> list[str]:
+    """``-fopenmp`` on Linux when torch runs its intra-op pool on OpenMP: the bridge then parks
+    that pool's workers while ORT runs (``run_parked``). The library links ``libgomp.so.1``,
+    which resolves to the OpenMP runtime torch already loaded."""
+    if not sys.platform.startswith("linux"):
+        return []
+    try:
+        import torch
+    except ImportError:
+        return []
+    return ["-fopenmp"] if torch._C.has_openmp else []
 
 
 def _read_record(path: Path) -> dict[str, Any] | None:
@@ -143,6 +156,7 @@ def bridge_options() -> dict[str, Any]:
                 BRIDGE,
                 sources=[str(Path("cpp") / "bridge.cpp")],
                 extra_compile_args={"cxx": flags},
+                extra_link_args=openmp_flags(),
             )
         ],
         "cmdclass": {"build_ext": BuildBridge},

@@ -234,11 +234,17 @@ def test_setup_py_flags_per_config() -> None:
     for config, flags in setup_py.CONFIGS.items():
         got = setup_py.compiler_flags(config, "2.13.0+cpu")
         if sys.platform != "win32":
-            assert got == ["-std=c++17", *flags, "-DORT_LAZY_TORCH_VERSION=2.13.0+cpu"]
+            assert got == ["-std=c++17", *flags, "-DORT_LAZY_TORCH_VERSION=2.13.0+cpu", *setup_py.openmp_flags()]
     assert set(setup_py.CONFIGS) == set(build.CONFIGS) == set(setup_py.MSVC_CONFIGS)
 
 
 # --------------------------------------------------------------------------- clear errors
+
+
+def test_openmp_flags_follow_torch() -> None:
+    # Linux with an OpenMP torch: the bridge is built with OpenMP (it parks torch's workers)
+    expected = ["-fopenmp"] if sys.platform.startswith("linux") and torch._C.has_openmp else []
+    assert setup_py.openmp_flags() == expected
 
 
 def test_mismatched_torch_is_a_clear_import_error(tmp_path, monkeypatch):

@@ -679,3 +679,53 @@ def test_replication_padding_trains_on_ort(shape, pad) -> None:
 
 def test_unfold_of_an_empty_batch() -> None:
     _assert_exact_on_ort("unfold", lambda t: F.unfold(t, 2, 1, 0, (1, 2)), (torch.randn(0, 1, 5, 5),))
+
+
+# -- 14. the ReLU gradient without ORT's Where: exact, non-finite gradients and signed zeros ------
+# ORT's CPU Where is ~30x slower than elementwise arithmetic; threshold_backward computes the
+# gradient by multiplication when every gradient element is finite and by Where otherwise.
+
+
+def _grad_and_input(dtype: torch.dtype, special: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    grad = torch.randn(6, 50, generator=g).to(dtype)
+    x = torch.randn(6, 50, generator=g).to(dtype)
+    x[0, :8] = torch.tensor([0.0, -0.0, float("nan"), float("inf"), -float("inf"), 0.5, 1.0, -1.0], dtype=dtype)
+    grad[1, :6] = torch.tensor([-0.0, 0.0, -0.0, 0.0, -2.0, -2.0], dtype=dtype)
+    x[1, :6] = torch.tensor([1.0, 1.0, -1.0, -1.0, -1.0, 0.0], dtype=dtype)
+    if special:  # inf and NaN gradients, where the input passes and where it is clamped
+        grad[2, :4] = torch.tensor([float("inf"), -float("inf"), float("nan"), float("inf")], dtype=dtype)
+        x[2, :4] = torch.tensor([-1.0, 2.0, -3.0, 4.0], dtype=dtype)
+    return grad, x
+
+
+@pytest.mark.parametrize("special", [False, True], ids=["finite", "inf-nan"])
+@pytest.mark.parametrize("threshold", [0.0, 0.5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=str)
+def test_threshold_backward_bit_exact(dtype, threshold, special) -> None:
+    grad, x = _grad_and_input(dtype, special)
+    fn = lambda g, t: torch.ops.aten.threshold_backward(g, t, threshold)  # noqa: E731
+    metrics.reset()
+    got = compile_ort(fn)(grad, x)
+    expected = fn(grad, x)
+    c = metrics.counters()
+    assert c["ort_runs"] >= 1 and c["fallback_ops"] == 0, metrics.fallbacks()
+    assert got.dtype == expected.dtype
+    same = (got == expected) | (torch.isnan(got) & torch.isnan(expected))
+    assert bool(same.all()), (got[~same], expected[~same])
+    assert torch.equal(torch.signbit(got), torch.signbit(expected))  # +0.0 where clamped, -0.0 kept
+
+
+def test_relu_network_gradients_on_ort_match_eager() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    twin = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    twin.load_state_dict(model.state_dict())
+    x = torch.randn(8, 16)
+    metrics.reset()
+    compile_ort(model)(x).square().sum().backward()
+    twin(x).square().sum().backward()
+    for p, q in zip(model.parameters(), twin.parameters()):
+        assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+    c = metrics.counters()
+    assert c["ort_runs"] >= 2 and c["fallback_ops"] == 0, metrics.fallbacks()

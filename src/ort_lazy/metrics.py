@@ -33,6 +33,7 @@ logger = logging.getLogger("ort_lazy")
 
 _COUNTER_NAMES = (
     "ort_runs",
+    "parked_runs",
     "torch_runs",
     "sessions_created",
     "session_cache_hits",

@@ -114,6 +114,10 @@ class Options:
             runs is not starved; LazyTensor groups do the same; TorchScript groups never spin
             (measured slower next to TorchScript's own ops).
             ``True`` / ``False`` force it either way.
+        park_torch_threads: while a CPU ORT run uses several threads, PyTorch's idle OpenMP
+            workers wait blocked instead of busy-waiting for their next parallel region (they
+            spin for milliseconds after each PyTorch op and would share ORT's cores); needs
+            the compiled bridge built with OpenMP, otherwise runs go ahead without it.
         dump_dir: when set, every compiled region writes its ONNX model, source graph and
             input schema there.
         cache_dir: when set, exported ONNX models persist there across processes.
@@ -139,6 +143,7 @@ class Options:
     rtol: float = 1e-3
     atol: float = 1e-5
     allow_spinning: bool | None = None
+    park_torch_threads: bool = True
     dump_dir: str | None = None
     cache_dir: str | None = None
     autotune: bool = False
@@ -156,7 +161,9 @@ class Options:
         _set(self, "min_block_size", _parse_int(self.min_block_size, "min_block_size", 1))
         _set(self, "cache_size", _parse_int(self.cache_size, "cache_size", 1))
         _set(self, "torch_executed_ops", _parse_ops(self.torch_executed_ops, "torch_executed_ops"))
-        for name in ("freeze_weights", "prepack_weights", "dynamic", "autotune", "nvtx", "strict"):
+        for name in (
+            "freeze_weights", "prepack_weights", "dynamic", "autotune", "nvtx", "strict", "park_torch_threads"
+        ):
             _set(self, name, _parse_bool(getattr(self, name), name))
         if self.allow_spinning is not None:
             _set(self, "allow_spinning", _parse_bool(self.allow_spinning, "allow_spinning"))

@@ -16,6 +16,7 @@ from .. import _compat, metrics
 from ..specs import TORCH_TO_ONNX, OrtModel, TensorSpec
 from .polynomials import register_polynomials
 from .quantize import quantize_dynamic_int8
+from .selects import register_selects
 from .widen import widen_low_precision
 
 __all__ = ["ExportError", "translate", "export_graph", "single_node_graph", "isolated_nodes_graph", "spec_of", "reinfer_types"]
@@ -75,6 +76,7 @@ def translate(gm: torch.fx.GraphModule, name: str = "region", providers: Sequenc
     scalars = _exact_double_scalars(gm)
     model = _compat.new_ir_model(name)
     register_polynomials(_compat.onnx_registry())
+    register_selects(_compat.onnx_registry())
     _compat.translate_fx_graph(gm.graph, model)
     if scalars:
         _bake_constants(model, scalars)

@@ -35,10 +35,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from .. import _compat
+from .emitter import Emitter as _Emitter
 
 __all__ = ["POLYNOMIAL_OPS", "register_polynomials"]
 
@@ -75,43 +75,6 @@ _HERMITE_LIMIT = {"FLOAT": 128, "DOUBLE": 512}
 #: pi - float(pi)
 _PI_LOW = 1.2246467991473532e-16
 _names = itertools.count()
-
-
-class _Emitter:
-    """Appends ONNX nodes to a list, naming every value it creates."""
-
-    def __init__(self, nodes: list[Any], prefix: str, version: int | None) -> None:
-        self.nodes = nodes
-        self.prefix = prefix
-        self.version = version
-        self._count = itertools.count()
-
-    def name(self) -> str:
-        """A fresh value name."""
-        return f"{self.prefix}_{next(self._count)}"
-
-    def op(self, op_type: str, *inputs: Any, num_outputs: int = 1, **attributes: Any) -> Any:
-        """The output (outputs, with ``num_outputs`` > 1) of a new ``op_type`` node."""
-        import onnx_ir as ir
-
-        attrs = [a for a in ir.convenience.convert_attributes(attributes) if a.value is not None]
-        node = ir.Node("", op_type, list(inputs), attrs, num_outputs=num_outputs, version=self.version)
-        node.name = f"node_{self.name()}"
-        for out in node.outputs:
-            out.name = self.name()
-        self.nodes.append(node)
-        return node.outputs[0] if num_outputs == 1 else node.outputs
-
-    def const(self, value: Any, dtype: Any) -> Any:
-        """A 0-d constant of ONNX type ``dtype`` holding ``value``."""
-        import onnx_ir as ir
-
-        array = np.array(value, dtype=ir.DataType(dtype).numpy())
-        return self.op("Constant", value=ir.tensor(array))
-
-    def cast(self, value: Any, dtype: Any) -> Any:
-        """``value`` as ONNX type ``dtype`` (itself when it already is)."""
-        return value if value.dtype == dtype else self.op("Cast", value, to=dtype)
 
 
 class _Context:

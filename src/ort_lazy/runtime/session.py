@@ -24,6 +24,7 @@ from ..specs import OrtModel, TensorSpec
 from . import _ort
 from .flavour import max_ir_version, onnxruntime
 from .quirks import disabled_optimizers
+from .threads import parking
 
 __all__ = [
     "SessionCache",
@@ -300,6 +301,12 @@ class OrtRunner:
         ]
         self._dynamic_outputs = any(t is None for _, _, t in self._output_plan)
         self._tick = metrics.ticker("ort_runs")
+        # a multi-threaded CPU run parks PyTorch's idle OpenMP workers (threads.parking)
+        ort_threads = int(options.session_options.get("intra_op_num_threads", threads) or 0)  # 0: ORT's default
+        self._parked = None
+        if device.type == "cpu" and options.park_torch_threads and ort_threads != 1:
+            self._parked = parking()
+        self._tick_parked = metrics.ticker("parked_runs")
 
     def _binding(self) -> Any:
         b = getattr(self._local, "binding", None)
@@ -378,7 +385,11 @@ class OrtRunner:
             out = torch.empty(spec.shape, dtype=spec.dtype, device=self.device)
             binding.bind_output(name, self._ort_device, element_type, spec.shape, out.data_ptr() if out.numel() else _data_ptr(out))
             outputs.append(out)
-        self._sess.run_with_iobinding(binding, self._run_options)
+        if self._parked is not None:
+            self._parked(self._sess.run_with_iobinding, binding, self._run_options)
+            self._tick_parked()
+        else:
+            self._sess.run_with_iobinding(binding, self._run_options)
         if self._dynamic_outputs:
             ort_values = binding.get_outputs()
             dims = _symbol_values(self.model.input_specs, inputs)

@@ -1,21 +1,27 @@
-"""How many ORT intra-op threads a region gets: one heuristic for every front door.
+"""How many ORT intra-op threads a region gets, and how ORT and PyTorch share the CPU.
 
-Waking a second ORT thread costs more than it saves on small regions (MLP 3x256, batch 32:
-0.21 -> 0.17 ms per call on 2 cores; a scripted MLP forward+backward 1.88 -> 1.82 ms per step),
-and it competes with the caller's Python and PyTorch work. So a region whose estimated work is
-below :data:`SMALL_REGION_FLOPS` runs on one thread; others follow ``torch.get_num_threads()``
-(applied by the runner to CPU sessions only).
+Waking a second ORT thread costs more than it saves on small regions: a region whose
+estimated work is below :data:`SMALL_REGION_FLOPS` runs on one thread; others follow
+``torch.get_num_threads()`` (applied by the runner to CPU sessions only). Measured on 2 cores
+(AMD EPYC, ORT 1.32): MLPs of 3-4 MFLOP per call run 10-15% faster on one thread, the 3 x 256
+MLP at batch 32 (12.6 MFLOP) 6% faster on two. (The earlier threshold, 16 MFLOP, was set when
+a second ORT thread also competed with PyTorch's spinning OpenMP workers; :func:`parking`
+removes that competition.)
 """
 
 from __future__ import annotations
 
 import math
+import os
+import sys
+import threading
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["SMALL_REGION_FLOPS", "estimated_flops", "region_threads"]
+__all__ = ["SMALL_REGION_FLOPS", "estimated_flops", "region_threads", "parking"]
 
 #: Regions estimated below this many floating-point operations per call run on one ORT thread.
-SMALL_REGION_FLOPS = 16e6
+SMALL_REGION_FLOPS = 8e6
 
 _MATMULS = {"MatMul", "Gemm", "FusedMatMul"}
 _CONVS = {"Conv", "ConvTranspose"}
@@ -88,3 +94,52 @@ def _shapes(graph: Any) -> dict[str, tuple[int, ...]]:
         if all(d.HasField("dim_value") for d in dims):
             out[value.name] = tuple(int(d.dim_value) for d in dims)
     return out
+
+
+_parking_lock = threading.Lock()
+_parking: list[Callable[..., Any] | None] = []
+
+
+def parking() -> Callable[..., Any] | None:
+    """``run(fn, *args)`` that calls ``fn(*args)`` while PyTorch's idle OpenMP workers of the
+    calling thread wait blocked, or None where that cannot be done (decided once per process).
+
+    After each parallel op, an OpenMP worker busy-waits for the next region for milliseconds
+    (libgomp's default spin count); an ORT run in that window shares its cores with the
+    spinning workers (TransformerEncoderLayer right after a 512x512 torch matmul: 1.3x its time
+    alone on 2 cores). The bridge's ``run_parked`` opens an OpenMP region and parks the workers
+    in it for the run. Needs Linux, torch on OpenMP and the bridge built with it; checked to
+    reuse torch's own workers (a second OpenMP runtime would start threads of its own).
+    """
+    if _parking:
+        return _parking[0]
+    with _parking_lock:
+        if not _parking:
+            _parking.append(_find_parking())
+    return _parking[0]
+
+
+def _find_parking() -> Callable[..., Any] | None:
+    import torch
+
+    if not sys.platform.startswith("linux") or not torch._C.has_openmp:
+        return None
+    from .bridge import BridgeUnavailableError, load_bridge
+
+    try:
+        bridge = load_bridge()
+    except BridgeUnavailableError:
+        return None
+    run = getattr(bridge, "run_parked", None)
+    if run is None or not bridge.openmp_enabled():
+        return None
+    # torch's workers exist once a parallel op ran; a region of the same runtime reuses them
+    torch.zeros(1 << 16).add_(1)
+    tasks = "/proc/self/task"
+    try:
+        before = len(os.listdir(tasks))
+        run(lambda: None)
+        after = len(os.listdir(tasks))
+    except OSError:
+        return None
+    return run if after <= before else None

@@ -1,0 +1,147 @@
+"""CPU thread sharing between PyTorch and ORT: PyTorch's OpenMP workers wait blocked, instead of
+busy-waiting on ORT's cores, while a multi-threaded ORT run goes (``threads.parking``)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+from helpers import assert_close, assert_ran_on_ort, compile_ort
+from ort_lazy import metrics
+from ort_lazy.runtime.bridge import BridgeUnavailableError, load_bridge
+from ort_lazy.runtime.threads import parking
+
+
+def _bridge_with_openmp() -> bool:
+    try:
+        return bool(load_bridge().openmp_enabled())
+    except BridgeUnavailableError:
+        return False
+
+
+linux_openmp = pytest.mark.skipif(
+    not (sys.platform.startswith("linux") and torch._C.has_openmp and _bridge_with_openmp()),
+    reason="parking needs Linux, torch on OpenMP and the bridge built with OpenMP",
+)
+
+
+def _running_threads(exclude: int) -> list[int]:
+    """Threads of this process in state R (running or runnable), but ``exclude``."""
+    running = []
+    for tid in os.listdir("/proc/self/task"):
+        if int(tid) == exclude:
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state == "R":
+            running.append(int(tid))
+    return running
+
+
+@linux_openmp
+def test_parking_is_available_where_the_bridge_has_openmp() -> None:
+    # the bridge links libgomp.so.1, which must resolve to torch's own runtime: otherwise the
+    # check inside parking() sees a region start threads of its own and turns parking off
+    assert parking() is not None
+
+
+@linux_openmp
+def test_run_parked_calls_on_this_thread_with_arguments_and_raises() -> None:
+    run = parking()
+    assert run is not None
+    assert run(lambda a, b=0: (a + b, threading.get_native_id()), 2, 3) == (5, threading.get_native_id())
+
+    def fail() -> None:
+        raise KeyError("inside")
+
+    with pytest.raises(KeyError, match="inside"):
+        run(fail)
+    assert run(lambda: run(lambda: 7)) == 7  # nested: runs directly
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert run(lambda: 8) == 8  # one thread: nothing to park
+    finally:
+        torch.set_num_threads(old)
+
+
+@linux_openmp
+@pytest.mark.skipif(torch.get_num_threads() < 2, reason="PyTorch runs one thread: no OpenMP workers")
+def test_torch_workers_wait_blocked_while_parked() -> None:
+    run = parking()
+    assert run is not None
+    bridge = load_bridge()
+    me = threading.get_native_id()
+    x = torch.zeros(1 << 16)
+    workers = torch.get_num_threads() - 1
+
+    def quiet_within(seconds: float) -> bool:
+        deadline = time.perf_counter() + seconds
+        # every worker of torch's team reaches the parked wait ...
+        while bridge.parked_threads() < workers:
+            if time.perf_counter() > deadline:
+                return False
+        # ... where it is blocked, not running
+        while time.perf_counter() < deadline:
+            if not _running_threads(me):
+                return True
+        return False
+
+    spins = not (os.environ.get("GOMP_SPINCOUNT") or os.environ.get("OMP_WAIT_POLICY", "").lower() == "passive")
+    if spins:
+        # control: right after a parallel op, torch's worker busy-waits for the next region
+        x.add_(1)
+        assert _running_threads(me), "no thread busy-waits after a parallel PyTorch op"
+    x.add_(1)
+    # parked, no thread but this one is running (each poll reads every thread's state)
+    assert run(quiet_within, 2.0)
+
+
+@linux_openmp
+@pytest.mark.skipif(torch.get_num_threads() < 2, reason="PyTorch runs one thread: no OpenMP workers")
+def test_multi_threaded_runs_are_parked_single_threaded_ones_not() -> None:
+    torch.manual_seed(0)
+    w = torch.randn(512, 512)
+    x = torch.randn(512, 512)
+    expected = torch.relu(x @ w)
+    metrics.reset()
+    assert_close(compile_ort(lambda a: torch.relu(a @ w))(x), expected)
+    counts = assert_ran_on_ort()
+    assert counts["parked_runs"] == counts["ort_runs"]
+
+    metrics.reset()
+    assert_close(compile_ort(lambda a: torch.relu(a @ w), park_torch_threads=False)(x), expected)
+    counts = assert_ran_on_ort()
+    assert counts["parked_runs"] == 0
+
+    metrics.reset()
+    small = torch.randn(8)
+    assert_close(compile_ort(lambda a: torch.relu(a) + 1)(small), torch.relu(small) + 1)
+    counts = assert_ran_on_ort()  # a small region runs on one ORT thread: nothing to park
+    assert counts["parked_runs"] == 0
+
+
+@linux_openmp
+@pytest.mark.skipif(torch.get_num_threads() < 2, reason="PyTorch runs one thread: no OpenMP workers")
+def test_parked_training_step_matches_eager() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.TransformerEncoderLayer(64, 4, dim_feedforward=128, batch_first=True, dropout=0.0)
+    twin = torch.nn.TransformerEncoderLayer(64, 4, dim_feedforward=128, batch_first=True, dropout=0.0)
+    twin.load_state_dict(model.state_dict())
+    x = torch.randn(4, 32, 64)
+    metrics.reset()
+    compiled = compile_ort(model)
+    for m in (compiled, twin):
+        m(x).square().mean().backward()
+    for p, q in zip(model.parameters(), twin.parameters()):
+        assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-5)
+    counts = assert_ran_on_ort(2)
+    assert counts["parked_runs"] >= 1
