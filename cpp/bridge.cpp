@@ -24,8 +24,13 @@
 #include <torch/csrc/lazy/core/lazy_graph_executor.h>
 #include <torch/extension.h>
 
+#include <fcntl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <condition_variable>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -402,30 +407,84 @@ torch::jit::RegisterPass g_pass(fuse_pass);
 torch::jit::RegisterOperators g_ops({torch::jit::Operator(
     kGroup, make_group_op, c10::AliasAnalysisKind::PURE_FUNCTION)});
 
-// Calls fn(*args) on this thread while the other threads of its OpenMP team (PyTorch's
-// intra-op workers, when torch and this module share one OpenMP runtime) wait blocked in a
-// condition variable. After each parallel region an OpenMP worker busy-waits for the next one
-// (libgomp: ~300k pause instructions, milliseconds); an ORT run started meanwhile shares its
-// cores with those spinning workers and runs up to 1.3-1.9x slower. Opening a region and
-// parking the workers in it hands their cores to ORT's threads for the run.
+// Parking PyTorch's OpenMP workers while ORT runs.
+//
+// After each parallel region an OpenMP worker busy-waits for the next one (libgomp: ~300k
+// pause instructions, milliseconds); an ORT run started meanwhile shares its cores with those
+// spinning workers and runs up to 1.3-1.9x slower. run_parked opens an OpenMP region on this
+// thread (torch's team, when torch and this module share one OpenMP runtime) and parks the
+// workers in it, blocked in a condition variable, for the run: their cores go to ORT.
+//
+// A worker that is asleep already (its spin ended) competes with nothing, and waking it would
+// cost a wake-up the region then waits for (milliseconds on an idle virtual CPU): the workers'
+// scheduler states are read first (/proc/self/task/<tid>/stat, descriptors kept open) and fn
+// runs directly when none of them is running.
+
 std::atomic<int> g_parked{0};  // threads waiting in run_parked now (for tests)
 
-py::object run_parked(const py::function& fn, const py::args& args) {
 #ifdef _OPENMP
-  if (omp_in_parallel() || omp_get_max_threads() <= 1) {
-    return fn(*args);
+// This thread's OpenMP workers (each master thread has its own team), learned in a region.
+struct Workers {
+  std::vector<pid_t> tids;
+  std::vector<int> stat_fds;  // /proc/self/task/<tid>/stat, one per worker
+  ~Workers() { close_all(); }
+  void close_all() {
+    for (int fd : stat_fds) ::close(fd);
+    stat_fds.clear();
+    tids.clear();
+  }
+  void learn(const std::vector<pid_t>& seen) {
+    if (seen == tids) return;
+    close_all();
+    for (pid_t tid : seen) {
+      std::string path = "/proc/self/task/" + std::to_string(tid) + "/stat";
+      int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) {  // cannot watch them: always park
+        close_all();
+        return;
+      }
+      stat_fds.push_back(fd);
+    }
+    tids = seen;
+  }
+  // Whether some worker is running or runnable (state R), or it cannot be told.
+  bool any_running() const {
+    if (stat_fds.empty()) return true;
+    char buf[512];
+    for (int fd : stat_fds) {
+      ssize_t n = ::pread(fd, buf, sizeof(buf) - 1, 0);
+      if (n <= 0) return true;
+      buf[n] = '\0';
+      const char* paren = std::strrchr(buf, ')');  // the name may hold spaces and parentheses
+      if (paren == nullptr || paren[1] == '\0' || paren[2] == 'R') return true;
+    }
+    return false;
+  }
+};
+thread_local Workers tl_workers;
+#endif
+
+// Calls fn(*args); returns whether the workers were parked for it.
+bool run_parked(const py::function& fn, const py::args& args) {
+#ifdef _OPENMP
+  const int threads = omp_get_max_threads();
+  if (omp_in_parallel() || threads <= 1 ||
+      (static_cast<int>(tl_workers.tids.size()) == threads - 1 && !tl_workers.any_running())) {
+    fn(*args);
+    return false;
   }
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
-  py::object result;
   std::exception_ptr error;
+  std::vector<pid_t> seen(threads, 0);
   // Only thread 0 (this thread, which holds the GIL) touches Python objects.
 #pragma omp parallel
   {
-    if (omp_get_thread_num() == 0) {
+    const int me = omp_get_thread_num();
+    if (me == 0) {
       try {
-        result = fn(*args);
+        fn(*args);
       } catch (...) {
         error = std::current_exception();
       }
@@ -435,6 +494,7 @@ py::object run_parked(const py::function& fn, const py::args& args) {
       }
       cv.notify_all();
     } else {
+      if (me < threads) seen[me] = static_cast<pid_t>(::syscall(SYS_gettid));
       std::unique_lock<std::mutex> lock(mu);
       ++g_parked;
       cv.wait(lock, [&] { return done; });
@@ -444,9 +504,11 @@ py::object run_parked(const py::function& fn, const py::args& args) {
   if (error) {
     std::rethrow_exception(error);
   }
-  return result;
+  tl_workers.learn(std::vector<pid_t>(seen.begin() + 1, seen.end()));
+  return true;
 #else
-  return fn(*args);
+  fn(*args);
+  return false;
 #endif
 }
 
@@ -490,7 +552,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "Drop LazyTensor's compiled graphs so the next steps are compiled (and fused) anew.");
   m.def("run_parked", &run_parked,
         "fn(*args) on this thread while this thread's other OpenMP threads (PyTorch's intra-op "
-        "workers) wait blocked instead of spinning.");
+        "workers) wait blocked instead of spinning (when one of them is running); returns "
+        "whether they were parked.");
   m.def("parked_threads", [] { return g_parked.load(); },
         "How many threads wait in run_parked now.");
   m.def("openmp_enabled", &openmp_enabled, "Whether the bridge was built with OpenMP.");

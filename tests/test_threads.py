@@ -57,18 +57,24 @@ def test_parking_is_available_where_the_bridge_has_openmp() -> None:
 def test_run_parked_calls_on_this_thread_with_arguments_and_raises() -> None:
     run = parking()
     assert run is not None
-    assert run(lambda a, b=0: (a + b, threading.get_native_id()), 2, 3) == (5, threading.get_native_id())
+    seen: list[tuple[int, int]] = []
+    run(lambda a, b=0: seen.append((a + b, threading.get_native_id())), 2, 3)
+    assert seen == [(5, threading.get_native_id())]
 
     def fail() -> None:
         raise KeyError("inside")
 
+    torch.zeros(1 << 16).add_(1)  # workers busy-waiting: the call parks them
     with pytest.raises(KeyError, match="inside"):
         run(fail)
-    assert run(lambda: run(lambda: 7)) == 7  # nested: runs directly
+    torch.zeros(1 << 16).add_(1)
+    nested: list[bool] = []
+    assert run(lambda: nested.append(run(lambda: None))) in (True, False)
+    assert nested == [False]  # inside a region: runs directly
     old = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        assert run(lambda: 8) == 8  # one thread: nothing to park
+        assert run(lambda: None) is False  # one thread: nothing to park
     finally:
         torch.set_num_threads(old)
 
@@ -102,7 +108,14 @@ def test_torch_workers_wait_blocked_while_parked() -> None:
         assert _running_threads(me), "no thread busy-waits after a parallel PyTorch op"
     x.add_(1)
     # parked, no thread but this one is running (each poll reads every thread's state)
-    assert run(quiet_within, 2.0)
+    quiet: list[bool] = []
+    assert run(lambda: quiet.append(quiet_within(2.0)))
+    assert quiet == [True]
+    # once the workers sleep (their spin ended), there is nothing to park
+    deadline = time.perf_counter() + 5.0
+    while _running_threads(me) and time.perf_counter() < deadline:
+        time.sleep(0.01)
+    assert not run(lambda: None)
 
 
 @linux_openmp
@@ -112,15 +125,16 @@ def test_multi_threaded_runs_are_parked_single_threaded_ones_not() -> None:
     w = torch.randn(512, 512)
     x = torch.randn(512, 512)
     expected = torch.relu(x @ w)
-    metrics.reset()
-    assert_close(compile_ort(lambda a: torch.relu(a @ w))(x), expected)
-    counts = assert_ran_on_ort()
-    assert counts["parked_runs"] == counts["ort_runs"]
-
-    metrics.reset()
-    assert_close(compile_ort(lambda a: torch.relu(a @ w), park_torch_threads=False)(x), expected)
-    counts = assert_ran_on_ort()
-    assert counts["parked_runs"] == 0
+    hot = torch.zeros(1 << 16)
+    for park in (True, False):
+        f = compile_ort(lambda a: torch.relu(a @ w), park_torch_threads=park)
+        f(x)
+        metrics.reset()
+        for _ in range(3):
+            hot.add_(1)  # PyTorch work right before: its workers busy-wait during the call
+            assert_close(f(x), expected)
+        counts = assert_ran_on_ort(3)
+        assert counts["parked_runs"] == (3 if park else 0), counts
 
     metrics.reset()
     small = torch.randn(8)
@@ -133,13 +147,15 @@ def test_multi_threaded_runs_are_parked_single_threaded_ones_not() -> None:
 @pytest.mark.skipif(torch.get_num_threads() < 2, reason="PyTorch runs one thread: no OpenMP workers")
 def test_parked_training_step_matches_eager() -> None:
     torch.manual_seed(0)
-    model = torch.nn.TransformerEncoderLayer(64, 4, dim_feedforward=128, batch_first=True, dropout=0.0)
-    twin = torch.nn.TransformerEncoderLayer(64, 4, dim_feedforward=128, batch_first=True, dropout=0.0)
+    model = torch.nn.TransformerEncoderLayer(128, 4, dim_feedforward=512, batch_first=True, dropout=0.0)
+    twin = torch.nn.TransformerEncoderLayer(128, 4, dim_feedforward=512, batch_first=True, dropout=0.0)
     twin.load_state_dict(model.state_dict())
-    x = torch.randn(4, 32, 64)
-    metrics.reset()
+    x = torch.randn(8, 64, 128)  # big enough for a multi-threaded ORT run
     compiled = compile_ort(model)
+    compiled(x)
+    metrics.reset()
     for m in (compiled, twin):
+        torch.zeros(1 << 16).add_(1)  # PyTorch work right before: the forward run parks its workers
         m(x).square().mean().backward()
     for p, q in zip(model.parameters(), twin.parameters()):
         assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-5)

@@ -386,8 +386,8 @@ class OrtRunner:
             binding.bind_output(name, self._ort_device, element_type, spec.shape, out.data_ptr() if out.numel() else _data_ptr(out))
             outputs.append(out)
         if self._parked is not None:
-            self._parked(self._sess.run_with_iobinding, binding, self._run_options)
-            self._tick_parked()
+            if self._parked(self._sess.run_with_iobinding, binding, self._run_options):
+                self._tick_parked()
         else:
             self._sess.run_with_iobinding(binding, self._run_options)
         if self._dynamic_outputs:

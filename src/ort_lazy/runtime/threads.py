@@ -1,12 +1,13 @@
 """How many ORT intra-op threads a region gets, and how ORT and PyTorch share the CPU.
 
-Waking a second ORT thread costs more than it saves on small regions: a region whose
-estimated work is below :data:`SMALL_REGION_FLOPS` runs on one thread; others follow
-``torch.get_num_threads()`` (applied by the runner to CPU sessions only). Measured on 2 cores
-(AMD EPYC, ORT 1.32): MLPs of 3-4 MFLOP per call run 10-15% faster on one thread, the 3 x 256
-MLP at batch 32 (12.6 MFLOP) 6% faster on two. (The earlier threshold, 16 MFLOP, was set when
-a second ORT thread also competed with PyTorch's spinning OpenMP workers; :func:`parking`
-removes that competition.)
+Waking a second ORT thread costs more than it saves on small regions (MLP 3x256, batch 32:
+0.21 -> 0.17 ms per call on 2 cores; a scripted MLP forward+backward 1.88 -> 1.82 ms per step),
+and it competes with the caller's Python and PyTorch work. So a region whose estimated work is
+below :data:`SMALL_REGION_FLOPS` runs on one thread; others follow ``torch.get_num_threads()``
+(applied by the runner to CPU sessions only). Re-measured on another 2-core machine (AMD EPYC,
+ORT 1.32) with PyTorch's workers parked during multi-threaded runs (:func:`parking`): 3-4 MFLOP
+MLPs 10-15% faster on one thread, the 12.6 MFLOP MLP above the same on one or two (a parked
+run costs 15-30 us), 50 MFLOP 1.6x faster on two.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 __all__ = ["SMALL_REGION_FLOPS", "estimated_flops", "region_threads", "parking"]
 
 #: Regions estimated below this many floating-point operations per call run on one ORT thread.
-SMALL_REGION_FLOPS = 8e6
+SMALL_REGION_FLOPS = 16e6
 
 _MATMULS = {"MatMul", "Gemm", "FusedMatMul"}
 _CONVS = {"Conv", "ConvTranspose"}
@@ -102,14 +103,17 @@ _parking: list[Callable[..., Any] | None] = []
 
 def parking() -> Callable[..., Any] | None:
     """``run(fn, *args)`` that calls ``fn(*args)`` while PyTorch's idle OpenMP workers of the
-    calling thread wait blocked, or None where that cannot be done (decided once per process).
+    calling thread wait blocked, and returns whether they did; None where that cannot be done
+    (decided once per process).
 
     After each parallel op, an OpenMP worker busy-waits for the next region for milliseconds
     (libgomp's default spin count); an ORT run in that window shares its cores with the
     spinning workers (TransformerEncoderLayer right after a 512x512 torch matmul: 1.3x its time
     alone on 2 cores). The bridge's ``run_parked`` opens an OpenMP region and parks the workers
-    in it for the run. Needs Linux, torch on OpenMP and the bridge built with it; checked to
-    reuse torch's own workers (a second OpenMP runtime would start threads of its own).
+    in it for the run, when one of them is running (asleep, they compete with nothing, and
+    waking one costs up to milliseconds on an idle virtual CPU). Needs Linux, torch on OpenMP
+    and the bridge built with it; checked to reuse torch's own workers (a second OpenMP
+    runtime would start threads of its own).
     """
     if _parking:
         return _parking[0]
