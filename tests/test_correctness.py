@@ -729,3 +729,59 @@ def test_relu_network_gradients_on_ort_match_eager() -> None:
         assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
     c = metrics.counters()
     assert c["ort_runs"] >= 2 and c["fallback_ops"] == 0, metrics.fallbacks()
+
+
+# -- 15. max pooling with indices: PyTorch's per-plane indices from one ONNX MaxPool ---------------
+# The exporter's translation ran a second full-size MaxPool (kernel 1, with indices: ORT's generic
+# kernel) only to learn each plane's index offset, and the NaN rule's pooling read indices too:
+# four slow poolings per training-mode max pooling. Indices must still be eager's: ties (first
+# maximum), NaN (last NaN), padding, ceil mode, dilation, unbatched inputs, 3-d.
+
+_POOLS = [
+    ("2d k2", 2, lambda x, **k: F.max_pool2d(x, 2, return_indices=True, **k), (2, 3, 6, 7)),
+    ("2d k3 s2 p1", 2, lambda x, **k: F.max_pool2d(x, 3, 2, 1, return_indices=True, **k), (2, 3, 9, 8)),
+    ("2d ceil", 2, lambda x, **k: F.max_pool2d(x, 3, 2, 0, ceil_mode=True, return_indices=True, **k), (1, 2, 8, 7)),
+    ("2d dilated", 2, lambda x, **k: F.max_pool2d(x, 2, 1, 1, dilation=2, return_indices=True, **k), (2, 2, 7, 7)),
+    ("2d unbatched", 2, lambda x, **k: F.max_pool2d(x, (2, 3), (1, 2), return_indices=True, **k), (3, 6, 7)),
+    ("3d", 3, lambda x, **k: F.max_pool3d(x, 2, (1, 2, 2), 1, return_indices=True, **k), (1, 2, 4, 5, 6)),
+]
+
+
+@pytest.mark.parametrize("name,dims,pool,shape", _POOLS, ids=[p[0] for p in _POOLS])
+def test_max_pool_indices_and_gradients_as_eager(name, dims, pool, shape) -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(-3, 4, shape, generator=g).float()  # many ties
+    flat = x.view(-1)
+    flat[5] = math.nan
+    flat[-7] = math.nan
+    flat[11] = -math.inf
+    metrics.reset()
+    compiled = compile_ort(pool)
+    xs = x.clone().requires_grad_(True)
+    got, got_idx = compiled(xs)
+    expected, expected_idx = pool(x.clone().requires_grad_(True))
+    assert torch.equal(got_idx, expected_idx), (got_idx, expected_idx)
+    assert torch.allclose(got, expected, equal_nan=True)
+    weights = torch.randn(got.shape, generator=g)
+    (got.nan_to_num(0.0) * weights).sum().backward()
+    ref = x.clone().requires_grad_(True)
+    (pool(ref)[0].nan_to_num(0.0) * weights).sum().backward()
+    assert torch.equal(xs.grad, ref.grad)
+    # the 3-d pooling's backward has no translation (it stays in PyTorch)
+    allowed = {"aten.max_pool3d_with_indices_backward.default"} if dims == 3 else set()
+    assert metrics.counters()["ort_runs"] >= (1 if dims == 3 else 2)
+    assert set(metrics.fallbacks()) <= allowed, metrics.fallbacks()
+
+
+def test_training_max_pool_runs_one_pooling_with_indices() -> None:
+    import onnx
+
+    from helpers import captured_exports
+
+    x = torch.randn(2, 4, 12, 12, requires_grad=True)
+    with captured_exports() as models:
+        compile_ort(lambda t: F.max_pool2d(t, 3, 2, 1) * 2)(x).sum().backward()
+    forward = [onnx.load_from_string(m.model_bytes).graph for m in models if "forward" in m.name]
+    pools = [n for g in forward for n in g.node if n.op_type == "MaxPool"]
+    # the values with indices (read by the backward), the NaN rule's pooling without
+    assert sorted(len(n.output) for n in pools) == [1, 2], [list(n.output) for n in pools]

@@ -15,6 +15,7 @@ import torch.fx
 from .. import _compat, metrics
 from ..specs import TORCH_TO_ONNX, OrtModel, TensorSpec
 from .polynomials import register_polynomials
+from .pooling import register_pooling
 from .quantize import quantize_dynamic_int8
 from .selects import register_selects
 from .widen import widen_low_precision
@@ -77,6 +78,7 @@ def translate(gm: torch.fx.GraphModule, name: str = "region", providers: Sequenc
     model = _compat.new_ir_model(name)
     register_polynomials(_compat.onnx_registry())
     register_selects(_compat.onnx_registry())
+    register_pooling(_compat.onnx_registry())
     _compat.translate_fx_graph(gm.graph, model)
     if scalars:
         _bake_constants(model, scalars)

@@ -562,8 +562,10 @@ def _nan_pooling(op: Any) -> Any:
     window holding a NaN gives NaN and the NaN's index. ORT's MaxPool skips NaN (a window
     [NaN, 1] gave 1), so a NaN from a diverging layer vanished where eager passes it on. One
     more pooling finds those windows: of the NaN mask times each element's position plus one,
-    so that, as in eager's scan, the last NaN of a window gives the index; where nothing reads
-    the indices (inference) both poolings lose them (:func:`drop_unused_indices`)."""
+    so that its maximum is, as in eager's scan, the last NaN of the window's position plus one
+    (the index, read from the value: that pooling needs no indices, which would cost ORT its
+    generic kernel); where nothing reads the indices (inference) the pooling of the input loses
+    them too (:func:`drop_unused_indices`)."""
     spatial_dims = 3 if op is _aten.max_pool3d_with_indices else 2
 
     def decompose(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
@@ -574,8 +576,9 @@ def _nan_pooling(op: Any) -> Any:
         count = math.prod(spatial)
         # float32 holds every position exactly up to 2**24 per plane
         positions = torch.arange(1, count + 1, dtype=torch.float32, device=x.device).view(spatial)
-        has_nan, nan_index = op(torch.isnan(x).to(torch.float32) * positions, *args, **kwargs)
-        found = has_nan > 0
+        last_nan, _ = op(torch.isnan(x).to(torch.float32) * positions, *args, **kwargs)
+        found = last_nan > 0
+        nan_index = (last_nan - 1).to(torch.int64)
         return torch.where(found, torch.full_like(values, math.nan), values), torch.where(found, nan_index, indices)
 
     return _once(op, decompose)
