@@ -161,3 +161,33 @@ def test_parked_training_step_matches_eager() -> None:
         assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-5)
     counts = assert_ran_on_ort(2)
     assert counts["parked_runs"] >= 1
+
+
+_FRESH_PROCESS = """
+import torch
+from ort_lazy import metrics
+from ort_lazy.runtime.threads import parking
+torch.set_num_threads(2)
+w = torch.randn(512, 512)
+f = torch.compile(lambda a: torch.relu(a @ w), backend="ort")
+x = torch.randn(512, 512)
+f(x)  # the first runner is opened while dynamo traces: parking is decided there
+hot = torch.zeros(1 << 16)
+for _ in range(3):
+    hot.add_(1)
+    f(x)
+print(parking() is not None, metrics.counters()["parked_runs"])
+"""
+
+
+@linux_openmp
+def test_parking_is_decided_right_in_a_fresh_process() -> None:
+    # the decision is taken once, when the first runner opens, inside dynamo's fake-tensor
+    # tracing: a probe op there must still run for real, or torch's workers never exist before
+    # the check and parking stays off for the whole process
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", _FRESH_PROCESS], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    available, parked = done.stdout.split()[-2:]
+    assert available == "True" and int(parked) == 3, done.stdout

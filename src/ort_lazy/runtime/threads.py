@@ -12,10 +12,10 @@ run costs 15-30 us), 50 MFLOP 1.6x faster on two.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -97,10 +97,7 @@ def _shapes(graph: Any) -> dict[str, tuple[int, ...]]:
     return out
 
 
-_parking_lock = threading.Lock()
-_parking: list[Callable[..., Any] | None] = []
-
-
+@functools.cache
 def parking() -> Callable[..., Any] | None:
     """``run(fn, *args)`` that calls ``fn(*args)`` while PyTorch's idle OpenMP workers of the
     calling thread wait blocked, and returns whether they did; None where that cannot be done
@@ -115,15 +112,6 @@ def parking() -> Callable[..., Any] | None:
     and the bridge built with it; checked to reuse torch's own workers (a second OpenMP
     runtime would start threads of its own).
     """
-    if _parking:
-        return _parking[0]
-    with _parking_lock:
-        if not _parking:
-            _parking.append(_find_parking())
-    return _parking[0]
-
-
-def _find_parking() -> Callable[..., Any] | None:
     import torch
 
     if not sys.platform.startswith("linux") or not torch._C.has_openmp:
@@ -138,7 +126,11 @@ def _find_parking() -> Callable[..., Any] | None:
     if run is None or not bridge.openmp_enabled():
         return None
     # torch's workers exist once a parallel op ran; a region of the same runtime reuses them
-    torch.zeros(1 << 16).add_(1)
+    # (the first runner may be opened while dynamo traces with fake tensors: a real op here)
+    from .._compat import real_tensor_mode
+
+    with real_tensor_mode():
+        torch.zeros(1 << 16).add_(1)
     tasks = "/proc/self/task"
     try:
         before = len(os.listdir(tasks))
