@@ -148,12 +148,10 @@ def registered_ops(cache_dir: str | None = None) -> frozenset[Any]:
         names = sorted({op_name(op) for op in _compat.onnx_implemented_overloads()})
         if cache is not None:
             cache.put_json("registered-ops", names)
-    from .export.polynomials import POLYNOMIAL_OPS
-    from .export.pooling import POOLING_OPS
-    from .export.selects import SELECT_OPS
+    from .export.translations import OWN_TRANSLATIONS
 
     ops = {op for op in (lookup(n) for n in names) if isinstance(op, torch._ops.OpOverload)}
-    return frozenset(ops | set(POLYNOMIAL_OPS) | set(SELECT_OPS) | set(POOLING_OPS))
+    return frozenset(ops | set(OWN_TRANSLATIONS))
 
 
 def translatable(target: Any, cache_dir: str | None = None) -> bool:

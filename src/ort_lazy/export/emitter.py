@@ -7,7 +7,11 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Emitter"]
+from .. import _compat
+
+__all__ = ["Emitter", "translation_emitter"]
+
+_names = itertools.count()
 
 
 class Emitter:
@@ -45,3 +49,17 @@ class Emitter:
     def cast(self, value: Any, dtype: Any) -> Any:
         """``value`` as ONNX type ``dtype`` (itself when it already is)."""
         return value if value.dtype == dtype else self.op("Cast", value, to=dtype)
+
+
+def translation_emitter(name: str) -> Emitter:
+    """An emitter adding nodes to the translation the exporter is running, its value names
+    prefixed by ``name`` and a number unique in the process.
+
+    Raises:
+        RuntimeError: no translation is running (ort-lazy's translations are called by the
+            exporter's translator, never directly).
+    """
+    tracer = _compat.current_translation_tracer()
+    if tracer is None:
+        raise RuntimeError("ort-lazy's translations run inside the exporter's translator")
+    return Emitter(tracer.nodes, f"{name}_{next(_names)}", tracer.opset.version)

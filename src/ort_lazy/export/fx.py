@@ -14,10 +14,8 @@ import torch.fx
 
 from .. import _compat, metrics
 from ..specs import TORCH_TO_ONNX, OrtModel, TensorSpec
-from .polynomials import register_polynomials
-from .pooling import register_pooling
 from .quantize import quantize_dynamic_int8
-from .selects import register_selects
+from .translations import register_own_translations
 from .widen import widen_low_precision
 
 __all__ = ["ExportError", "translate", "export_graph", "single_node_graph", "isolated_nodes_graph", "spec_of", "reinfer_types"]
@@ -76,9 +74,7 @@ def translate(gm: torch.fx.GraphModule, name: str = "region", providers: Sequenc
     gm = _prepare(gm)
     scalars = _exact_double_scalars(gm)
     model = _compat.new_ir_model(name)
-    register_polynomials(_compat.onnx_registry())
-    register_selects(_compat.onnx_registry())
-    register_pooling(_compat.onnx_registry())
+    register_own_translations(_compat.onnx_registry())
     _compat.translate_fx_graph(gm.graph, model)
     if scalars:
         _bake_constants(model, scalars)

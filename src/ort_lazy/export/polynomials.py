@@ -29,7 +29,6 @@ result types are not translated (PyTorch's CPU kernels have none).
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,10 +36,10 @@ from typing import Any
 
 import torch
 
-from .. import _compat
 from .emitter import Emitter as _Emitter
+from .emitter import translation_emitter
 
-__all__ = ["POLYNOMIAL_OPS", "register_polynomials"]
+__all__ = ["POLYNOMIAL_OPS", "TRANSLATIONS"]
 
 #: the polynomial ops, by the name of their ``torch.special`` function
 _NAMES = (
@@ -61,7 +60,7 @@ _NAMES = (
 #: the overloads translated: both operands tensors, or one of them a Python number
 _OVERLOADS = ("default", "x_scalar", "n_scalar")
 
-#: every aten overload :func:`register_polynomials` adds a translation for
+#: every aten overload :data:`TRANSLATIONS` translates
 POLYNOMIAL_OPS: tuple[torch._ops.OpOverload, ...] = tuple(
     getattr(getattr(torch.ops.aten, f"special_{name}"), overload)
     for name in _NAMES
@@ -74,7 +73,6 @@ _UNROLL = 4
 _HERMITE_LIMIT = {"FLOAT": 128, "DOUBLE": 512}
 #: pi - float(pi)
 _PI_LOW = 1.2246467991473532e-16
-_names = itertools.count()
 
 
 class _Context:
@@ -460,11 +458,8 @@ def _translation(name: str) -> Callable[[Any, Any], Any]:
     def translate(x: Any, n: Any) -> Any:
         import onnx_ir as ir
 
-        tracer = _compat.current_translation_tracer()
-        if tracer is None:
-            raise RuntimeError("polynomial translations run inside the exporter's translator")
+        e = translation_emitter(name)
         t = _result_type(x, n)
-        e = _Emitter(tracer.nodes, f"{name}_{next(_names)}", tracer.opset.version)
 
         def operand(v: Any) -> Any:
             if isinstance(v, ir.Value):
@@ -481,12 +476,7 @@ def _translation(name: str) -> Callable[[Any, Any], Any]:
     return translate
 
 
-def register_polynomials(registry: Any) -> Any:
-    """Add the translations of :data:`POLYNOMIAL_OPS` to the exporter's ``registry`` (once)."""
-    if getattr(registry, "_ort_lazy_polynomials", False):
-        return registry
-    for op in POLYNOMIAL_OPS:
-        name = op._schema.name.split("::", 1)[1].removeprefix("special_")
-        _compat.register_translation(registry, op, _translation(name))
-    registry._ort_lazy_polynomials = True
-    return registry
+#: the translations, by aten overload
+TRANSLATIONS: dict[torch._ops.OpOverload, Callable[[Any, Any], Any]] = {
+    op: _translation(op._schema.name.split("::", 1)[1].removeprefix("special_")) for op in POLYNOMIAL_OPS
+}

@@ -13,23 +13,16 @@ the translation (:func:`ort_lazy.lowering.rewrites._nan_pooling`).
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from .. import _compat
-from .emitter import Emitter
+from .emitter import translation_emitter
 
-__all__ = ["POOLING_OPS", "register_pooling"]
+__all__ = ["TRANSLATIONS"]
 
 _aten = torch.ops.aten
-#: every aten overload :func:`register_pooling` adds a translation for, with its spatial rank
-_SPATIAL = {_aten.max_pool2d_with_indices.default: 2, _aten.max_pool3d_with_indices.default: 3}
-POOLING_OPS: tuple[torch._ops.OpOverload, ...] = tuple(_SPATIAL)
-
-_names = itertools.count()
 
 
 def _per_dim(value: int | Sequence[int], dims: int) -> list[int]:
@@ -48,12 +41,9 @@ def _translation(dims: int) -> Callable[..., Any]:
     ) -> tuple[Any, Any]:
         import onnx_ir as ir
 
-        tracer = _compat.current_translation_tracer()
-        if tracer is None:
-            raise RuntimeError("ort-lazy's translations run inside the exporter's translator")
+        e = translation_emitter(f"max_pool{dims}d_with_indices")
         if self.shape is None:
             raise ValueError("max pooling with indices needs the input's rank")
-        e = Emitter(tracer.nodes, f"max_pool{dims}d_with_indices_{next(_names)}", tracer.opset.version)
         kernel = _per_dim(kernel_size, dims)
         strides = _per_dim(stride, dims) if stride else kernel
         pads = _per_dim(padding, dims)
@@ -86,11 +76,8 @@ def _translation(dims: int) -> Callable[..., Any]:
     return translate
 
 
-def register_pooling(registry: Any) -> Any:
-    """Add the translations of :data:`POOLING_OPS` to the exporter's ``registry`` (once)."""
-    if getattr(registry, "_ort_lazy_pooling", False):
-        return registry
-    for op, dims in _SPATIAL.items():
-        _compat.register_translation(registry, op, _translation(dims))
-    registry._ort_lazy_pooling = True
-    return registry
+#: the translations, by aten overload
+TRANSLATIONS: dict[torch._ops.OpOverload, Callable[..., Any]] = {
+    _aten.max_pool2d_with_indices.default: _translation(2),
+    _aten.max_pool3d_with_indices.default: _translation(3),
+}

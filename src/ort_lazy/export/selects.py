@@ -14,30 +14,21 @@ per call. Other dtypes keep ``Where``.
 
 from __future__ import annotations
 
-import itertools
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from .. import _compat
-from .emitter import Emitter
+from .emitter import Emitter, translation_emitter
 
-__all__ = ["SELECT_OPS", "register_selects"]
-
-#: every aten overload :func:`register_selects` adds a translation for
-SELECT_OPS: tuple[torch._ops.OpOverload, ...] = (torch.ops.aten.threshold_backward.default,)
-
-_names = itertools.count()
+__all__ = ["TRANSLATIONS"]
 
 
 def threshold_backward(grad: Any, self: Any, threshold: Any) -> Any:
     """``aten.threshold_backward``: ``grad`` where ``self > threshold`` (or NaN), else 0."""
     import onnx_ir as ir
 
-    tracer = _compat.current_translation_tracer()
-    if tracer is None:
-        raise RuntimeError("ort-lazy's translations run inside the exporter's translator")
-    e = Emitter(tracer.nodes, f"threshold_backward_{next(_names)}", tracer.opset.version)
+    e = translation_emitter("threshold_backward")
     t = grad.dtype
     bound = threshold if isinstance(threshold, ir.Value) else e.const(float(threshold), self.dtype)
     clamped = e.op("LessOrEqual", self, e.cast(bound, self.dtype))
@@ -64,10 +55,7 @@ def threshold_backward(grad: Any, self: Any, threshold: Any) -> Any:
     return out
 
 
-def register_selects(registry: Any) -> Any:
-    """Add the translations of :data:`SELECT_OPS` to the exporter's ``registry`` (once)."""
-    if getattr(registry, "_ort_lazy_selects", False):
-        return registry
-    _compat.register_translation(registry, torch.ops.aten.threshold_backward.default, threshold_backward)
-    registry._ort_lazy_selects = True
-    return registry
+#: the translations, by aten overload
+TRANSLATIONS: dict[torch._ops.OpOverload, Callable[..., Any]] = {
+    torch.ops.aten.threshold_backward.default: threshold_backward,
+}
