@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 # the element types ort-lazy binds with (one table for both)
+from ort_lazy.runtime.quirks import disabled_optimizers
 from ort_lazy.runtime.session import NUMPY_TYPES
 
 __all__ = ["CapturedCall", "FloorRunner", "capture_regions", "export_floor", "recording"]
@@ -116,6 +117,7 @@ class FloorRunner:
                     sess_options=so,
                     providers=sess.get_providers(),
                     provider_options=[sess.get_provider_options().get(p, {}) for p in sess.get_providers()],
+                    disabled_optimizers=disabled_optimizers(call.model_bytes, sess.get_providers()),
                 )
             binding = sess.io_binding()
             for name, tensor in zip(call.input_names, call.inputs):

@@ -22,6 +22,7 @@ __all__ = ["ZOO", "ZOO_BATCH"]
 ZOO_BATCH = 2
 _SEQ = 128
 _VOCAB = 1000
+_FFN_WIDTH = 1024
 
 
 class _Tensor(nn.Module):
@@ -75,6 +76,14 @@ def _vit_tiny() -> nn.Module:
     return _Tensor(ViTForImageClassification(config), "logits")
 
 
+def _ffn() -> nn.Module:
+    return nn.Sequential(nn.Linear(_FFN_WIDTH, 4 * _FFN_WIDTH), nn.GELU(), nn.Linear(4 * _FFN_WIDTH, _FFN_WIDTH))
+
+
+def _hidden_states() -> tuple[torch.Tensor, ...]:
+    return (torch.randn(ZOO_BATCH, _SEQ, _FFN_WIDTH),)
+
+
 def _tokens() -> tuple[torch.Tensor, ...]:
     return (torch.randint(0, _VOCAB, (ZOO_BATCH, _SEQ)),)
 
@@ -92,5 +101,6 @@ ZOO: dict[str, BuiltinModel] = {
     "bert": _entry("bert", _bert, _tokens, f"BertModel, 4 layers, hidden 256, batch {ZOO_BATCH} x {_SEQ} tokens"),
     "gpt2": _entry("gpt2", _gpt2, _tokens, f"GPT2LMHeadModel, 4 layers, n_embd 256, batch {ZOO_BATCH} x {_SEQ} tokens"),
     "resnet": _entry("resnet", _resnet18, _images, f"ResNet-18 (transformers ResNet), batch {ZOO_BATCH} x 3x224x224"),
+    "ffn": _entry("ffn", _ffn, _hidden_states, f"Transformer feed-forward block {_FFN_WIDTH} -> {4 * _FFN_WIDTH} -> {_FFN_WIDTH}, GELU, batch {ZOO_BATCH} x {_SEQ} tokens"),
     "vit": _entry("vit", _vit_tiny, _images, f"ViT-Tiny/16 (transformers ViT), batch {ZOO_BATCH} x 3x224x224"),
 }

@@ -12,6 +12,9 @@ Every built-in model (:data:`ort_lazy.models.BUILTIN`) runs side by side in one 
 * ``best-ort``: the best direct ORT run of the same model: ``torch.onnx.export(dynamo=True)``
   with its optimizer, weights as initializers, ORT's default CPU session options, inputs and
   outputs bound once (inference only). Every row reports ``x best`` against it;
+* ``ort-int8``: ``torch.compile(backend="ort")`` with ``precision="int8-dynamic"`` (inference):
+  ``x ort`` is its time over the fp32 ``ort`` row's, ``max rel`` its largest error against eager
+  over eager's largest magnitude (int8 is approximate);
 * ``eager-mixed`` / ``ort-mixed``: the mixed regime, each call right after one 512x512 PyTorch
   matmul (what a graph with PyTorch work between ORT regions, or a training step, sees). The
   matmul's own time, measured alone, is taken off: ``penalty`` is the remaining time over the
@@ -70,7 +73,7 @@ from _models import ZOO  # noqa: E402
 __all__ = ["main", "run_suite", "BACKENDS", "TARGETS", "Row", "Case", "Prepared", "Backend"]
 
 MODES = ("inference", "train")
-DEFAULT_BACKENDS = ("eager", "dynamo", "inductor", "ort", "floor", "best-ort", "eager-mixed", "ort-mixed")
+DEFAULT_BACKENDS = ("eager", "dynamo", "inductor", "ort", "floor", "best-ort", "ort-int8", "eager-mixed", "ort-mixed")
 #: the PyTorch work before each call of a mixed-regime row: one matmul of this size
 MIXED_MM = 512
 
@@ -127,6 +130,7 @@ class Backend:
     build: Callable[[Case], Prepared]
     floor_of: str | None = None  # the floor row this backend's ``vs_floor`` uses
     alone: str | None = None  # mixed-regime rows: the row of the same backend called alone
+    reduced: bool = False  # a reduced-precision row: compared with the fp32 ``ort`` row
 
 
 @dataclasses.dataclass
@@ -147,11 +151,15 @@ class Row:
     peak_mib: float | None = None
     retained_mib: float | None = None
     max_abs_diff: float | None = None
+    #: max |output - eager's| / max |eager's output|
+    max_rel_diff: float | None = None
     vs_eager: float | None = None
     vs_floor: float | None = None
     vs_inductor: float | None = None
     #: median over the best direct ORT run's median (``best-ort``)
     vs_best: float | None = None
+    #: reduced-precision rows: median over the fp32 ``ort`` row's median
+    vs_ort: float | None = None
     #: mixed-regime rows: (median - the PyTorch matmul's time alone) / the backend's median alone
     mixed_penalty: float | None = None
     first_vs_inductor: float | None = None
@@ -240,11 +248,13 @@ def _ort_counters() -> dict[str, int]:
     return metrics.counters()
 
 
-def _build_ort(case: Case, freeze: bool = False) -> Prepared:
+def _build_ort(case: Case, freeze: bool = False, precision: str | None = None) -> Prepared:
     model = case.fresh_model()
     options = dict(case.ort_options)
     if freeze:
         options["freeze_weights"] = True
+    if precision is not None:
+        options["precision"] = precision
     compiled = torch.compile(model, backend="ort", options=options)
     step = _make_step(case, compiled, model)
     before = _ort_counters()
@@ -338,6 +348,7 @@ BACKENDS: dict[str, Backend] = {
     "floor": Backend("floor", ("inference",), _build_floor),
     "floor+freeze": Backend("floor+freeze", ("inference",), lambda c: _build_floor(c, freeze=True)),
     "best-ort": Backend("best-ort", ("inference",), _build_best_ort),
+    "ort-int8": Backend("ort-int8", ("inference",), lambda c: _build_ort(c, precision="int8-dynamic"), reduced=True),
     "eager-mixed": Backend("eager-mixed", MODES, _mixed(_build_eager), alone="eager"),
     "ort-mixed": Backend("ort-mixed", MODES, _mixed(_build_ort), alone="ort"),
 }
@@ -512,11 +523,13 @@ def _percentile(values: Sequence[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
+def _first(out: Any) -> Any:
+    """A step's output, or its first element when it returns several."""
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
 def _max_abs_diff(a: Any, b: Any) -> float | None:
-    if isinstance(a, (tuple, list)):
-        a = a[0]
-    if isinstance(b, (tuple, list)):
-        b = b[0]
+    a, b = _first(a), _first(b)
     if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.shape != b.shape:
         return None
     diff = (a.detach().double() - b.detach().double()).abs()
@@ -574,7 +587,12 @@ def run_case(
     eager = prepared.get("eager")
     for name, p in prepared.items():
         if eager is not None and name != "eager":
-            by_name[name].max_abs_diff = _max_abs_diff(p.output, eager.output)
+            row = by_name[name]
+            row.max_abs_diff = _max_abs_diff(p.output, eager.output)
+            reference = _first(eager.output)
+            scale = _max_abs_diff(reference, torch.zeros_like(reference)) if isinstance(reference, torch.Tensor) else None
+            if row.max_abs_diff is not None and scale:
+                row.max_rel_diff = row.max_abs_diff / scale
     if not prepared:
         return rows
     total_est = sum(per_call.values())
@@ -639,7 +657,7 @@ def add_ratios(rows: Sequence[Row]) -> None:
         groups.setdefault((r.model, r.mode), {})[r.backend] = r
     for group in groups.values():
         eager, inductor, dynamo = group.get("eager"), group.get("inductor"), group.get("dynamo")
-        best = group.get("best-ort")
+        best, ort = group.get("best-ort"), group.get("ort")
         for r in group.values():
             if r.status != "ok":
                 continue
@@ -653,6 +671,12 @@ def add_ratios(rows: Sequence[Row]) -> None:
                     r.note += f", penalty {r.mixed_penalty:.2f}x"
             if eager is not None and r is not eager:
                 r.vs_eager = _ratio(r.median_ms, eager.median_ms)
+            if spec is not None and spec.reduced and ort is not None and ort.status == "ok":
+                r.vs_ort = _ratio(r.median_ms, ort.median_ms)
+                if r.vs_ort is not None:
+                    r.note += f"{', ' if r.note else ''}{1 / r.vs_ort:.2f}x fp32 ort's speed"
+                if r.max_rel_diff is not None:
+                    r.note += f", max rel error {r.max_rel_diff:.2%}"
             if inductor is not None and r is not inductor:
                 r.vs_inductor = _ratio(r.median_ms, inductor.median_ms)
                 r.first_vs_inductor = _ratio(r.first_call_s, inductor.first_call_s)
@@ -691,6 +715,7 @@ TARGETS: tuple[Target, ...] = (
     Target("Mixed regime penalty (TransformerEncoderLayer after a torch matmul)", "transformer", "inference", "ort-mixed", "mixed_penalty", 1.15),
     *(Target(f"{m} inference vs best ORT run", m, "inference", "ort", "vs_best", 1.10) for m in ("bert", "gpt2", "resnet", "vit")),
     *(Target(f"Training step ({m}) vs eager", m, "train", "ort", "vs_eager", 1.00) for m in ("bert", "gpt2", "resnet", "vit")),
+    *(Target(f"precision int8-dynamic ({m}) vs fp32 ort-lazy", m, "inference", "ort-int8", "vs_ort", 0.50) for m in ("ffn", "bert")),
     Target("MLP inference vs eager", "mlp", "inference", "ort", "vs_eager", 0.60),
     Target("MLP inference vs raw ORT floor", "mlp", "inference", "ort", "vs_floor", 1.30),
     Target("Training step (TransformerEncoderLayer) vs eager", "transformer", "train", "ort", "vs_eager", 0.90),

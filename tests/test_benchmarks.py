@@ -115,12 +115,13 @@ def test_compile_share_excludes_dynamo_trace(bench: ModuleType) -> None:
         assert by[name].compile_vs_inductor is None, name
 
 
-def test_best_ort_and_mixed_rows(bench: ModuleType, tmp_path: Path) -> None:
-    """The best direct ORT run and the mixed-regime rows are measured, checked against eager and
-    carry their ratios (x best ORT, the penalty after PyTorch work)."""
+def test_best_ort_mixed_and_int8_rows(bench: ModuleType, tmp_path: Path) -> None:
+    """The best direct ORT run, the mixed-regime rows and the int8 row are measured, checked
+    against eager and carry their ratios (x best ORT, the penalty after PyTorch work, x fp32 ort
+    with the int8 row's relative error)."""
     json_path = tmp_path / "bench.json"
     rc = bench.main([
-        "--models", "mlp", "--modes", "inference", "--backends", "eager,ort,best-ort,eager-mixed,ort-mixed",
+        "--models", "mlp", "--modes", "inference", "--backends", "eager,ort,best-ort,ort-int8,eager-mixed,ort-mixed",
         "--quick", "--no-memory", "--json", str(json_path), "--png", "",
     ])
     assert rc == 0
@@ -133,7 +134,11 @@ def test_best_ort_and_mixed_rows(bench: ModuleType, tmp_path: Path) -> None:
     for name in ("eager-mixed", "ort-mixed"):
         assert _finite(rows[name]["mixed_penalty"]), name
         assert "penalty" in rows[name]["note"], name
+    int8 = rows["ort-int8"]
+    assert _finite(int8["vs_ort"]) and "fp32 ort's speed" in int8["note"] and "regions=1" in int8["note"]
+    assert 1e-4 < int8["max_rel_diff"] < 0.05, int8["max_rel_diff"]  # quantized, and close
+    assert rows["ort"]["max_rel_diff"] < 1e-5 and rows["ort"]["vs_ort"] is None
 
 
 def test_zoo_models_are_known(bench: ModuleType) -> None:
-    assert {"bert", "gpt2", "resnet", "vit"} <= set(bench.known_models())
+    assert {"bert", "gpt2", "resnet", "vit", "ffn"} <= set(bench.known_models())

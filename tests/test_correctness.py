@@ -783,5 +783,121 @@ def test_training_max_pool_runs_one_pooling_with_indices() -> None:
         compile_ort(lambda t: F.max_pool2d(t, 3, 2, 1) * 2)(x).sum().backward()
     forward = [onnx.load_from_string(m.model_bytes).graph for m in models if "forward" in m.name]
     pools = [n for g in forward for n in g.node if n.op_type == "MaxPool"]
-    # the values with indices (read by the backward), the NaN rule's pooling without
-    assert sorted(len(n.output) for n in pools) == [1, 2], [list(n.output) for n in pools]
+    # the values with indices (read by the backward); the NaN rule's pooling (without) only in
+    # the branch taken when the input holds a NaN
+    assert [len(n.output) for n in pools] == [2], [list(n.output) for n in pools]
+    assert _nan_branch_pools(forward) == [1]
+
+
+def _nan_branch_pools(graphs: list) -> list[int]:
+    """Output counts of the MaxPools in the If branches of ``graphs``; checks that the other
+    branch only passes values through."""
+    counts = []
+    for g in graphs:
+        for node in g.node:
+            if node.op_type != "If":
+                continue
+            branches = {a.name: a.g for a in node.attribute}
+            assert {n.op_type for n in branches["else_branch"].node} == {"Identity"}
+            counts += [len(n.output) for n in branches["then_branch"].node if n.op_type == "MaxPool"]
+    return counts
+
+
+@pytest.mark.parametrize("nan", [False, True], ids=["finite", "nan"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16], ids=str)
+def test_inference_max_pool_nan_rule_only_when_a_nan_is_there(dtype, nan) -> None:
+    import onnx
+
+    from helpers import captured_exports
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 3, 9, 9, generator=g).to(dtype)
+    if nan:
+        x[0, 1, 4, 4] = math.nan
+        x[1, 2, 0, 0] = math.nan
+    pool = lambda t: F.max_pool2d(t, 3, 2, 1) + 1  # noqa: E731
+    metrics.reset()
+    with torch.no_grad(), captured_exports() as models:
+        got = compile_ort(pool)(x)
+    expected = pool(x)
+    assert torch.equal(got.isnan(), expected.isnan()) and bool(expected.isnan().any()) == nan
+    assert torch.equal(got.nan_to_num(), expected.nan_to_num())
+    assert metrics.counters()["ort_runs"] >= 1 and metrics.counters()["fallback_ops"] == 0, metrics.fallbacks()
+    graphs = [onnx.load_from_string(m.model_bytes).graph for m in models]
+    top = [len(n.output) for g in graphs for n in g.node if n.op_type == "MaxPool"]
+    if dtype == torch.float16:  # the rule above the translation, unconditional
+        assert top == [1, 1], top
+    else:
+        assert top == [1] and _nan_branch_pools(graphs) == [1], (top, _nan_branch_pools(graphs))
+
+
+# -- 16. softmax that keeps all -inf rows at 0 (every attention): the guard only when needed ------
+# aten._safe_softmax's guard (a floor before the softmax, a mask after it: two full-size passes
+# and several per-row kernels) ran on every call; now an If runs it only when some row is all
+# -inf, and one Softmax otherwise. Both branches must give eager's numbers: masked rows 0, NaN
+# rows NaN, partly -inf rows as softmax, any dim, reduced dtypes and the dtype argument.
+
+
+def _softmax_input(shape: tuple[int, ...], dtype: torch.dtype, masked: bool) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(shape, generator=g) * 4).to(dtype)
+    rows = x.view(-1, shape[-1])
+    rows[1, 0] = math.nan  # a NaN row
+    rows[2, :2] = -math.inf  # partly -inf: plain softmax
+    rows[3, 1] = math.inf
+    if masked:
+        rows[0] = -math.inf  # all -inf: 0
+    return x
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["no-masked-row", "masked-row"])
+@pytest.mark.parametrize("dim", [-1, 1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=str)
+def test_safe_softmax_as_eager(dtype, dim, masked) -> None:
+    x = _softmax_input((2, 3, 4, 5), dtype, masked)
+    if dim != -1:
+        x = x.transpose(dim, -1).contiguous()
+    fn = lambda t: torch.ops.aten._safe_softmax.default(t, dim)  # noqa: E731
+    metrics.reset()
+    got = compile_ort(fn)(x)
+    expected = fn(x)
+    c = metrics.counters()
+    assert c["ort_runs"] >= 1 and c["fallback_ops"] == 0, metrics.fallbacks()
+    assert got.dtype == expected.dtype
+    assert torch.equal(got.isnan(), expected.isnan())
+    tol = {torch.float16: 1e-3, torch.bfloat16: 8e-3}.get(dtype, 1e-6)
+    assert_close(got.nan_to_num(), expected.nan_to_num(), rtol=tol, atol=tol)
+    if masked:
+        zero_rows = (expected == 0).all(dim=dim)
+        assert bool(zero_rows.any()) and bool((got == 0).all(dim=dim)[zero_rows].all())
+
+
+def test_safe_softmax_with_dtype_and_of_a_scalar() -> None:
+    x = _softmax_input((4, 6), torch.float16, masked=True)
+    with_dtype = lambda t: torch.ops.aten._safe_softmax.default(t, 0, torch.float32)  # noqa: E731
+    scalar = lambda t: torch.ops.aten._safe_softmax.default(t.sum(), 0) + t  # noqa: E731
+    metrics.reset()
+    got = compile_ort(with_dtype)(x)
+    assert got.dtype == torch.float32
+    assert torch.equal(got.isnan(), with_dtype(x).isnan())
+    assert_close(got.nan_to_num(), with_dtype(x).nan_to_num(), rtol=1e-6, atol=1e-6)
+    y = torch.randn(3)
+    assert_close(compile_ort(scalar)(y), scalar(y))
+    assert metrics.counters()["fallback_ops"] == 0, metrics.fallbacks()
+
+
+def test_attention_softmax_is_one_softmax_unless_a_row_is_masked() -> None:
+    import onnx
+
+    from helpers import captured_exports
+
+    q = k = v = torch.randn(2, 4, 16, 8)
+    attention = lambda q, k, v: F.scaled_dot_product_attention(q, k, v)  # noqa: E731
+    with captured_exports() as models, torch.no_grad():
+        got = compile_ort(attention)(q, k, v)
+    assert_close(got, attention(q, k, v))
+    graph = onnx.load_from_string(models[0].model_bytes).graph
+    full_size = [n.op_type for n in graph.node if n.op_type in ("Max", "Mul", "Where", "Softmax")]
+    branches = {a.name: a.g for n in graph.node if n.op_type == "If" for a in n.attribute}
+    assert [n.op_type for n in branches["else_branch"].node if n.op_type != "Identity"] == ["Softmax"]
+    assert "Where" not in full_size and "Max" not in full_size, full_size  # the guard sits in the then branch

@@ -3,11 +3,21 @@ still exist, so the suite says when an onnxruntime release fixes it (then the wo
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import onnx
 import onnxruntime as ort
+import torch
 from onnx import TensorProto, helper
 
-from ort_lazy.runtime.quirks import MATMUL_TRANSPOSE_FUSION, WHERE_DROPS_NEGATIVE_ZERO, disabled_optimizers
+from helpers import assert_close, assert_ran_on_ort, captured_exports, compile_ort
+from ort_lazy.runtime.quirks import (
+    MATMUL_TRANSPOSE_FUSION,
+    SKIP_LAYER_NORM_FUSION,
+    WHERE_DROPS_NEGATIVE_ZERO,
+    disabled_optimizers,
+)
 
 
 def _transposed_matvec() -> bytes:
@@ -98,3 +108,31 @@ def test_where_still_drops_the_sign_of_a_negative_zero_from_its_first_branch() -
     assert not np.signbit(z[0]), (
         f"onnxruntime {ort.__version__} keeps the sign of a -0.0 Where selects: WHERE_DROPS_NEGATIVE_ZERO can go"
     )
+
+
+def _optimized_ops(model: bytes, path: str, **kwargs: object) -> set[str]:
+    so = ort.SessionOptions()
+    so.optimized_model_filepath = path
+    ort.InferenceSession(model, so, providers=["CPUExecutionProvider"], **kwargs)
+    return {n.op_type for n in onnx.load(path).graph.node}
+
+
+def test_residual_layer_norm_is_fused_by_default_and_ort_lazy_keeps_it_unfused_on_cpu(tmp_path: Path) -> None:
+    """SkipLayerNormFusion (a slow CPU kernel, see ``quirks.SKIP_LAYER_NORM_FUSION``) fires on a
+    post-norm residual block by default; ort-lazy's CPU sessions run without it, with the same
+    numbers as eager; other providers keep it."""
+    def block(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.layer_norm(x + y * 2.0, (32,))
+
+    x, y = torch.randn(2, 8, 32), torch.randn(2, 8, 32)
+    ours = tmp_path / "ours.onnx"
+    with captured_exports() as models:
+        out = compile_ort(block, session_options={"optimized_model_filepath": str(ours)})(x, y)
+    assert_close(out, block(x, y))
+    assert_ran_on_ort()
+    model = models[0].model_bytes
+    assert "SkipLayerNormalization" in _optimized_ops(model, str(tmp_path / "default.onnx"))
+    ops = {n.op_type for n in onnx.load(str(ours)).graph.node}
+    assert "LayerNormalization" in ops and "SkipLayerNormalization" not in ops, ops
+    assert SKIP_LAYER_NORM_FUSION in disabled_optimizers(model)
+    assert SKIP_LAYER_NORM_FUSION not in disabled_optimizers(model, ("CUDAExecutionProvider", "CPUExecutionProvider"))

@@ -7,8 +7,17 @@ indices give each plane's offset; with ORT, a ``MaxPool`` that outputs indices t
 generic kernel, so training-mode max pooling cost two slow passes over the input (ResNet-18's
 stem pooling: 36 ms forward against eager's 7). Here the offset is removed by ``Mod`` with the
 plane size: one pooling. Ties and windows are ONNX's, which are PyTorch's (the first maximum
-of a window in row-major order; ceil mode and dilation as attributes); NaN is handled above
-the translation (:func:`ort_lazy.lowering.rewrites._nan_pooling`).
+of a window in row-major order; ceil mode and dilation as attributes).
+
+Eager's NaN rule (a window holding a NaN gives NaN and the index of its last NaN; ORT's
+``MaxPool`` skips NaN) is kept here for float32/float64: one more pooling, of the NaN mask times
+each element's position plus one, finds those windows and the NaN's index from its value, and
+a ``Where`` puts them in. That is four passes over the input and one over the output of ORT's
+slowest elementwise kernel (ResNet-18 inference: ~1.8 of 40 ms), for a case that needs a NaN:
+an ONNX ``If`` runs it only when the input's sum is NaN (any NaN, or infinities of both signs),
+plain ``MaxPool`` otherwise. The same holds for plain max pooling (``max_pool2d``/``3d``, what
+inference graphs use: :func:`ort_lazy.lowering.rewrites.drop_unused_indices`). Other float
+types keep the rule above the translation (:func:`ort_lazy.lowering.rewrites._nan_pooling`).
 """
 
 from __future__ import annotations
@@ -18,7 +27,7 @@ from typing import Any
 
 import torch
 
-from .emitter import translation_emitter
+from .emitter import Emitter, translation_emitter
 
 __all__ = ["TRANSLATIONS"]
 
@@ -30,7 +39,43 @@ def _per_dim(value: int | Sequence[int], dims: int) -> list[int]:
     return values * dims if len(values) == 1 else values
 
 
-def _translation(dims: int) -> Callable[..., Any]:
+def _nan_rule(
+    e: Any, x: Any, values: Any, indices: Any | None, spatial: Any, pool: dict[str, Any]
+) -> tuple[Any, Any | None]:
+    """``values`` (and ``indices``) with eager's NaN rule, the work in an ``If`` taken only when
+    ``x`` may hold a NaN (float32/float64 ``x``; see the module docstring)."""
+    import onnx_ir as ir
+
+    t = x.dtype
+    may_have_nan = e.op("IsNaN", e.op("ReduceSum", x, keepdims=0))
+    nan_nodes: list[Any] = []
+    n = Emitter(nan_nodes, e.name() + "_nan", None)
+    count = n.op("ReduceProd", spatial, keepdims=1)
+    one = n.op("Constant", value_ints=[1])
+    # float32 holds every position exactly up to 2**24 per plane
+    start = n.op("Squeeze", one)
+    numbers = n.op("Range", start, n.op("Squeeze", n.op("Add", count, one)), start)  # 1 .. count
+    positions = n.op("Reshape", n.op("Cast", numbers, to=ir.DataType.FLOAT), spatial)
+    mask = n.op("Mul", n.op("Cast", n.op("IsNaN", x), to=ir.DataType.FLOAT), positions)
+    last_nan = n.op("MaxPool", mask, **pool)
+    found = n.op("Greater", last_nan, n.const(0.0, ir.DataType.FLOAT))
+    outputs = [n.op("Where", found, n.const(float("nan"), t), values)]
+    if indices is not None:
+        nan_index = n.op("Cast", n.op("Sub", last_nan, n.const(1.0, ir.DataType.FLOAT)), to=ir.DataType.INT64)
+        outputs.append(n.op("Where", found, nan_index, indices))
+    plain_nodes: list[Any] = []
+    p = Emitter(plain_nodes, e.name() + "_plain", None)
+    plain = [p.op("Identity", v) for v in ([values] if indices is None else [values, indices])]
+    then_branch = ir.Graph([], [n.op("Identity", v) for v in outputs], nodes=nan_nodes, name=n.prefix)
+    else_branch = ir.Graph([], plain, nodes=plain_nodes, name=p.prefix)
+    out = e.op("If", may_have_nan, num_outputs=len(outputs), then_branch=then_branch, else_branch=else_branch)
+    outs = [out] if indices is None else list(out)
+    for new, old in zip(outs, [values, indices]):
+        new.dtype, new.shape = old.dtype, old.shape
+    return outs[0], (outs[1] if indices is not None else None)
+
+
+def _translation(dims: int, with_indices: bool) -> Callable[..., Any]:
     def translate(
         self: Any,
         kernel_size: Sequence[int],
@@ -38,46 +83,57 @@ def _translation(dims: int) -> Callable[..., Any]:
         padding: int | Sequence[int] = 0,
         dilation: int | Sequence[int] = 1,
         ceil_mode: bool = False,
-    ) -> tuple[Any, Any]:
+    ) -> Any:
         import onnx_ir as ir
 
-        e = translation_emitter(f"max_pool{dims}d_with_indices")
+        e = translation_emitter(f"max_pool{dims}d{'_with_indices' if with_indices else ''}")
         if self.shape is None:
-            raise ValueError("max pooling with indices needs the input's rank")
+            raise ValueError("max pooling needs the input's rank")
         kernel = _per_dim(kernel_size, dims)
         strides = _per_dim(stride, dims) if stride else kernel
         pads = _per_dim(padding, dims)
+        pool = {
+            "kernel_shape": kernel,
+            "strides": strides,
+            "pads": pads + pads,
+            "dilations": _per_dim(dilation, dims),
+            "ceil_mode": int(bool(ceil_mode)),
+        }
         unbatched = len(self.shape) == dims + 1
         x = e.op("Unsqueeze", self, e.op("Constant", value_ints=[0])) if unbatched else self
-        values, flat = e.op(
-            "MaxPool",
-            x,
-            num_outputs=2,
-            kernel_shape=kernel,
-            strides=strides,
-            pads=pads + pads,
-            dilations=_per_dim(dilation, dims),
-            ceil_mode=int(bool(ceil_mode)),
-        )
+        x.dtype = self.dtype
         spatial = e.op(
             "Slice", e.op("Shape", x), e.op("Constant", value_ints=[2]), e.op("Constant", value_ints=[2 + dims])
         )
-        plane = e.op("ReduceProd", spatial, keepdims=0)
-        indices = e.op("Mod", flat, plane)
+        indices = None
+        if with_indices:
+            values, flat = e.op("MaxPool", x, num_outputs=2, **pool)
+            indices = e.op("Mod", flat, e.op("ReduceProd", spatial, keepdims=0))
+            indices.dtype = ir.DataType.INT64
+        else:
+            values = e.op("MaxPool", x, **pool)
+        values.dtype = self.dtype
+        if self.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE):
+            values, indices = _nan_rule(e, x, values, indices, spatial, pool)
         if unbatched:
             axes = e.op("Constant", value_ints=[0])
-            values, indices = e.op("Squeeze", values, axes), e.op("Squeeze", indices, axes)
+            values = e.op("Squeeze", values, axes)
+            indices = e.op("Squeeze", indices, axes) if indices is not None else None
         values.dtype = self.dtype
+        if indices is None:
+            return values
         indices.dtype = ir.DataType.INT64
         return values, indices
 
-    translate.__name__ = f"ort_lazy_max_pool{dims}d_with_indices"
-    translate.__qualname__ = translate.__name__
+    name = f"ort_lazy_max_pool{dims}d{'_with_indices' if with_indices else ''}"
+    translate.__name__ = translate.__qualname__ = name
     return translate
 
 
 #: the translations, by aten overload
 TRANSLATIONS: dict[torch._ops.OpOverload, Callable[..., Any]] = {
-    _aten.max_pool2d_with_indices.default: _translation(2),
-    _aten.max_pool3d_with_indices.default: _translation(3),
+    _aten.max_pool2d_with_indices.default: _translation(2, with_indices=True),
+    _aten.max_pool3d_with_indices.default: _translation(3, with_indices=True),
+    _aten.max_pool2d.default: _translation(2, with_indices=False),
+    _aten.max_pool3d.default: _translation(3, with_indices=False),
 }

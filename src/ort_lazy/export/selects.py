@@ -10,10 +10,18 @@ element is finite (``grad * m + (m - 1) * -0.0``, ``m`` = 1 where the element pa
 ``grad`` there and ``+0.0`` elsewhere, signed zeros included), and by ``Where`` otherwise
 (``inf * 0`` would be NaN where eager gives 0); an ONNX ``If`` on one reduction picks the branch
 per call. Other dtypes keep ``Where``.
+
+Softmax that keeps rows of only ``-inf`` at 0 (``aten._safe_softmax``, every attention of
+``scaled_dot_product_attention``'s decomposition) needs a per-row guard: a floor raising such
+rows before the softmax (a full-size ``Max``) and a mask after it (a full-size ``Mul``), plus
+several small per-row kernels. The translation computes the row maxima, and only when one of
+them is ``-inf`` runs the guarded form (an ``If``); otherwise one ``Softmax``, which is what the
+guarded form computes when no row is masked.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -55,7 +63,54 @@ def threshold_backward(grad: Any, self: Any, threshold: Any) -> Any:
     return out
 
 
+def safe_softmax(self: Any, dim: int, dtype: Any = None) -> Any:
+    """``aten._safe_softmax``: softmax along ``dim``, 0 on rows whose elements are all ``-inf``.
+
+    ``dtype`` (an ONNX type here) converts the input first, as PyTorch does.
+    """
+    import onnx_ir as ir
+
+    e = translation_emitter("safe_softmax")
+    if self.shape is None:
+        raise ValueError("safe softmax needs the input's rank")
+    result_type = ir.DataType(dtype) if dtype is not None else self.dtype
+    # ORT has no bfloat16 kernels for these (and widening does not reach into an If's
+    # branches): computed in float32 and rounded once, as eager's bfloat16 softmax does
+    t = ir.DataType.FLOAT if result_type == ir.DataType.BFLOAT16 else result_type
+    x = e.cast(self, t)
+    x.dtype, x.shape = t, self.shape
+    rank = len(self.shape)
+    if rank == 0:
+        x = e.op("Unsqueeze", x, e.op("Constant", value_ints=[0]))
+    axis = dim % rank if rank else 0
+    row_max = e.op("ReduceMax", x, e.op("Constant", value_ints=[axis]), keepdims=1)
+    # rows of only -inf (ORT's ReduceMax skips NaN, as the guarded form below relies on)
+    masked = e.op("Equal", row_max, e.const(-math.inf, t))
+    any_masked = e.op("Cast", e.op("ReduceMax", e.op("Cast", masked, to=ir.DataType.FLOAT), keepdims=0), to=ir.DataType.BOOL)
+
+    guarded_nodes: list[Any] = []
+    g = Emitter(guarded_nodes, e.name() + "_guarded", None)
+    floor = g.op("Where", masked, g.const(0.0, t), g.const(-math.inf, t))
+    probabilities = g.op("Softmax", g.op("Max", x, floor), axis=axis)
+    guarded = g.op("Mul", probabilities, g.op("Cast", g.op("Not", masked), to=t))
+    plain_nodes: list[Any] = []
+    p = Emitter(plain_nodes, e.name() + "_plain", None)
+    plain = p.op("Softmax", x, axis=axis)
+    then_branch = ir.Graph([], [g.op("Identity", guarded)], nodes=guarded_nodes, name=g.prefix)
+    else_branch = ir.Graph([], [p.op("Identity", plain)], nodes=plain_nodes, name=p.prefix)
+    out = e.op("If", any_masked, then_branch=then_branch, else_branch=else_branch)
+    out.dtype, out.shape = t, x.shape
+    if rank == 0:
+        out = e.op("Squeeze", out, e.op("Constant", value_ints=[0]))
+        out.dtype, out.shape = t, self.shape
+    if result_type != t:
+        out = e.op("Cast", out, to=result_type)
+        out.dtype, out.shape = result_type, self.shape
+    return out
+
+
 #: the translations, by aten overload
 TRANSLATIONS: dict[torch._ops.OpOverload, Callable[..., Any]] = {
     torch.ops.aten.threshold_backward.default: threshold_backward,
+    torch.ops.aten._safe_softmax.default: safe_softmax,
 }

@@ -558,8 +558,9 @@ def one_sided_clamp(side: str) -> Any:
 
 
 def _nan_pooling(op: Any) -> Any:
-    """Max pooling with indices (``op``: the 2-d or 3-d one) of floats with eager's NaN rule: a
-    window holding a NaN gives NaN and the NaN's index. ORT's MaxPool skips NaN (a window
+    """Max pooling with indices (``op``: the 2-d or 3-d one) of float16/bfloat16 with eager's NaN
+    rule (float32/float64 have it in their translation, where it runs only when the input holds
+    a NaN: :mod:`ort_lazy.export.pooling`): a window holding a NaN gives NaN and the NaN's index. ORT's MaxPool skips NaN (a window
     [NaN, 1] gave 1), so a NaN from a diverging layer vanished where eager passes it on. One
     more pooling finds those windows: of the NaN mask times each element's position plus one,
     so that its maximum is, as in eager's scan, the last NaN of the window's position plus one
@@ -569,8 +570,8 @@ def _nan_pooling(op: Any) -> Any:
     spatial_dims = 3 if op is _aten.max_pool3d_with_indices else 2
 
     def decompose(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        if not x.is_floating_point():
-            return NotImplemented
+        if not x.is_floating_point() or x.dtype in (torch.float32, torch.float64):
+            return NotImplemented  # float32/64: the translation's own rule (export.pooling)
         values, indices = op(x, *args, **kwargs)
         spatial = x.shape[-spatial_dims:]
         count = math.prod(spatial)
@@ -939,6 +940,15 @@ def safe_softmax(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) ->
     return out * masked.logical_not().to(out.dtype)
 
 
+def safe_softmax_dtype(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> Any:
+    """``aten._safe_softmax`` with a ``dtype``: the conversion, then the op itself, which ORT runs
+    by ort-lazy's own translation (``export.selects.safe_softmax``: :func:`safe_softmax`'s guard
+    only when a row is all ``-inf``)."""
+    if dtype is None or dtype == x.dtype:
+        return NotImplemented
+    return _aten._safe_softmax.default(x.to(dtype), dim)
+
+
 def native_batch_norm(
     x: torch.Tensor, weight: Any, bias: Any, running_mean: Any, running_var: Any, training: bool, momentum: float, eps: float
 ) -> Any:
@@ -1191,7 +1201,7 @@ DECOMPOSITIONS = {
     _aten.hardtanh_backward.default: hardtanh_backward,
     _aten.linalg_vector_norm.default: vector_norm,
     **{op: _full_precision_only(op) for op in (_aten.soft_margin_loss.default, _aten.soft_margin_loss_backward.default)},
-    _aten._safe_softmax.default: safe_softmax,
+    _aten._safe_softmax.default: safe_softmax_dtype,
     _aten.native_batch_norm.default: native_batch_norm,
     _aten._adaptive_avg_pool2d_backward.default: adaptive_avg_pool2d_backward,
     _aten.gelu.default: gelu,

@@ -201,7 +201,7 @@ def create_session(
                 sess_options=so,
                 providers=list(providers),
                 provider_options=provider_opts,
-                disabled_optimizers=disabled_optimizers(model.model_bytes),
+                disabled_optimizers=disabled_optimizers(model.model_bytes, providers),
             )
     except OrtRunError:
         raise
