@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -45,6 +46,27 @@ class Emitter:
 
         array = np.array(value, dtype=ir.DataType(dtype).numpy())
         return self.op("Constant", value=ir.tensor(array))
+
+    def branch(
+        self,
+        condition: Any,
+        then: Callable[[Emitter], Sequence[Any]],
+        otherwise: Callable[[Emitter], Sequence[Any]],
+    ) -> list[Any]:
+        """The outputs of an ONNX ``If`` on ``condition``: ``then`` and ``otherwise`` each add
+        their branch's nodes through the emitter they are given and return its outputs (values
+        of either scope), as many and of the same types."""
+        import onnx_ir as ir
+
+        graphs = []
+        for label, build in (("then", then), ("else", otherwise)):
+            nodes: list[Any] = []
+            sub = Emitter(nodes, f"{self.name()}_{label}", None)
+            outputs = [sub.op("Identity", v) for v in build(sub)]  # a branch's outputs are its own
+            graphs.append(ir.Graph([], outputs, nodes=nodes, name=sub.prefix))
+        count = len(graphs[0].outputs)
+        out = self.op("If", condition, num_outputs=count, then_branch=graphs[0], else_branch=graphs[1])
+        return [out] if count == 1 else list(out)
 
     def cast(self, value: Any, dtype: Any) -> Any:
         """``value`` as ONNX type ``dtype`` (itself when it already is)."""

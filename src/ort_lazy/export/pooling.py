@@ -48,29 +48,26 @@ def _nan_rule(
 
     t = x.dtype
     may_have_nan = e.op("IsNaN", e.op("ReduceSum", x, keepdims=0))
-    nan_nodes: list[Any] = []
-    n = Emitter(nan_nodes, e.name() + "_nan", None)
-    count = n.op("ReduceProd", spatial, keepdims=1)
-    one = n.op("Constant", value_ints=[1])
-    # float32 holds every position exactly up to 2**24 per plane
-    start = n.op("Squeeze", one)
-    numbers = n.op("Range", start, n.op("Squeeze", n.op("Add", count, one)), start)  # 1 .. count
-    positions = n.op("Reshape", n.op("Cast", numbers, to=ir.DataType.FLOAT), spatial)
-    mask = n.op("Mul", n.op("Cast", n.op("IsNaN", x), to=ir.DataType.FLOAT), positions)
-    last_nan = n.op("MaxPool", mask, **pool)
-    found = n.op("Greater", last_nan, n.const(0.0, ir.DataType.FLOAT))
-    outputs = [n.op("Where", found, n.const(float("nan"), t), values)]
-    if indices is not None:
-        nan_index = n.op("Cast", n.op("Sub", last_nan, n.const(1.0, ir.DataType.FLOAT)), to=ir.DataType.INT64)
-        outputs.append(n.op("Where", found, nan_index, indices))
-    plain_nodes: list[Any] = []
-    p = Emitter(plain_nodes, e.name() + "_plain", None)
-    plain = [p.op("Identity", v) for v in ([values] if indices is None else [values, indices])]
-    then_branch = ir.Graph([], [n.op("Identity", v) for v in outputs], nodes=nan_nodes, name=n.prefix)
-    else_branch = ir.Graph([], plain, nodes=plain_nodes, name=p.prefix)
-    out = e.op("If", may_have_nan, num_outputs=len(outputs), then_branch=then_branch, else_branch=else_branch)
-    outs = [out] if indices is None else list(out)
-    for new, old in zip(outs, [values, indices]):
+    given = [values] if indices is None else [values, indices]
+
+    def nan_rule(n: Emitter) -> list[Any]:
+        count = n.op("ReduceProd", spatial, keepdims=1)
+        one = n.op("Constant", value_ints=[1])
+        # float32 holds every position exactly up to 2**24 per plane
+        start = n.op("Squeeze", one)
+        numbers = n.op("Range", start, n.op("Squeeze", n.op("Add", count, one)), start)  # 1 .. count
+        positions = n.op("Reshape", n.op("Cast", numbers, to=ir.DataType.FLOAT), spatial)
+        mask = n.op("Mul", n.op("Cast", n.op("IsNaN", x), to=ir.DataType.FLOAT), positions)
+        last_nan = n.op("MaxPool", mask, **pool)
+        found = n.op("Greater", last_nan, n.const(0.0, ir.DataType.FLOAT))
+        outputs = [n.op("Where", found, n.const(float("nan"), t), values)]
+        if indices is not None:
+            nan_index = n.op("Cast", n.op("Sub", last_nan, n.const(1.0, ir.DataType.FLOAT)), to=ir.DataType.INT64)
+            outputs.append(n.op("Where", found, nan_index, indices))
+        return outputs
+
+    outs = e.branch(may_have_nan, nan_rule, lambda _: given)
+    for new, old in zip(outs, given):
         new.dtype, new.shape = old.dtype, old.shape
     return outs[0], (outs[1] if indices is not None else None)
 

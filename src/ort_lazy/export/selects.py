@@ -46,18 +46,13 @@ def threshold_backward(grad: Any, self: Any, threshold: Any) -> Any:
     # every element finite <=> the sum of grad * 0 is not NaN
     finite = e.op("Not", e.op("IsNaN", e.op("ReduceSum", e.op("Mul", grad, zero), keepdims=0)))
 
-    fast_nodes: list[Any] = []
-    f = Emitter(fast_nodes, e.name() + "_fast", None)
-    passes = f.op("Cast", f.op("Not", clamped), to=t)
-    # (m - 1) * -0.0: +0.0 where clamped, -0.0 where not; adding it keeps grad (and its -0.0)
-    signed_zero = f.op("Mul", f.op("Sub", passes, f.const(1.0, t)), f.const(-0.0, t))
-    fast = f.op("Add", f.op("Mul", grad, passes), signed_zero)
-    exact_nodes: list[Any] = []
-    x = Emitter(exact_nodes, e.name() + "_exact", None)
-    exact = x.op("Where", clamped, zero, grad)
-    then_branch = ir.Graph([], [f.op("Identity", fast)], nodes=fast_nodes, name=f.prefix)
-    else_branch = ir.Graph([], [x.op("Identity", exact)], nodes=exact_nodes, name=x.prefix)
-    out = e.op("If", finite, then_branch=then_branch, else_branch=else_branch)
+    def fast(f: Emitter) -> list[Any]:
+        passes = f.op("Cast", f.op("Not", clamped), to=t)
+        # (m - 1) * -0.0: +0.0 where clamped, -0.0 where not; adding it keeps grad (and its -0.0)
+        signed_zero = f.op("Mul", f.op("Sub", passes, f.const(1.0, t)), f.const(-0.0, t))
+        return [f.op("Add", f.op("Mul", grad, passes), signed_zero)]
+
+    [out] = e.branch(finite, fast, lambda x: [x.op("Where", clamped, zero, grad)])
     out.shape = grad.shape
     out.type = grad.type
     return out
@@ -88,17 +83,12 @@ def safe_softmax(self: Any, dim: int, dtype: Any = None) -> Any:
     masked = e.op("Equal", row_max, e.const(-math.inf, t))
     any_masked = e.op("Cast", e.op("ReduceMax", e.op("Cast", masked, to=ir.DataType.FLOAT), keepdims=0), to=ir.DataType.BOOL)
 
-    guarded_nodes: list[Any] = []
-    g = Emitter(guarded_nodes, e.name() + "_guarded", None)
-    floor = g.op("Where", masked, g.const(0.0, t), g.const(-math.inf, t))
-    probabilities = g.op("Softmax", g.op("Max", x, floor), axis=axis)
-    guarded = g.op("Mul", probabilities, g.op("Cast", g.op("Not", masked), to=t))
-    plain_nodes: list[Any] = []
-    p = Emitter(plain_nodes, e.name() + "_plain", None)
-    plain = p.op("Softmax", x, axis=axis)
-    then_branch = ir.Graph([], [g.op("Identity", guarded)], nodes=guarded_nodes, name=g.prefix)
-    else_branch = ir.Graph([], [p.op("Identity", plain)], nodes=plain_nodes, name=p.prefix)
-    out = e.op("If", any_masked, then_branch=then_branch, else_branch=else_branch)
+    def guarded(g: Emitter) -> list[Any]:
+        floor = g.op("Where", masked, g.const(0.0, t), g.const(-math.inf, t))
+        probabilities = g.op("Softmax", g.op("Max", x, floor), axis=axis)
+        return [g.op("Mul", probabilities, g.op("Cast", g.op("Not", masked), to=t))]
+
+    [out] = e.branch(any_masked, guarded, lambda p: [p.op("Softmax", x, axis=axis)])
     out.dtype, out.shape = t, x.shape
     if rank == 0:
         out = e.op("Squeeze", out, e.op("Constant", value_ints=[0]))
