@@ -832,7 +832,8 @@ def write_png(rows: Sequence[Row], path: Path) -> bool:
             if all(math.isnan(v) for v in values):
                 continue
             xs = [i + (j - (len(backends) - 1) / 2) * width for i in range(len(groups))]
-            bars = ax.bar(xs, values, width, label=backend)
+            # one colour per backend in both panels (a panel skips the backends it has no ratio for)
+            bars = ax.bar(xs, values, width, label=backend, color=f"C{j % 10}")
             for bar, v in zip(bars, values):
                 if not math.isnan(v):
                     ax.annotate(f"{v:.2f}", (bar.get_x() + bar.get_width() / 2, v), ha="center", va="bottom", fontsize=7)
