@@ -560,13 +560,13 @@ def one_sided_clamp(side: str) -> Any:
 def _nan_pooling(op: Any) -> Any:
     """Max pooling with indices (``op``: the 2-d or 3-d one) of float16/bfloat16 with eager's NaN
     rule (float32/float64 have it in their translation, where it runs only when the input holds
-    a NaN: :mod:`ort_lazy.export.pooling`): a window holding a NaN gives NaN and the NaN's index. ORT's MaxPool skips NaN (a window
-    [NaN, 1] gave 1), so a NaN from a diverging layer vanished where eager passes it on. One
-    more pooling finds those windows: of the NaN mask times each element's position plus one,
-    so that its maximum is, as in eager's scan, the last NaN of the window's position plus one
-    (the index, read from the value: that pooling needs no indices, which would cost ORT its
-    generic kernel); where nothing reads the indices (inference) the pooling of the input loses
-    them too (:func:`drop_unused_indices`)."""
+    a NaN: :mod:`ort_lazy.export.pooling`): a window holding a NaN gives NaN and the NaN's
+    index. ORT's MaxPool skips NaN (a window [NaN, 1] gave 1), so a NaN from a diverging layer
+    vanished where eager passes it on. One more pooling finds those windows: of the NaN mask
+    times each element's position plus one, so that its maximum is, as in eager's scan, the last
+    NaN of the window's position plus one (the index, read from the value: that pooling needs no
+    indices, which would cost ORT its generic kernel); where nothing reads the indices
+    (inference) the pooling of the input loses them too (:func:`drop_unused_indices`)."""
     spatial_dims = 3 if op is _aten.max_pool3d_with_indices else 2
 
     def decompose(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
