@@ -10,14 +10,16 @@ plane size: one pooling. Ties and windows are ONNX's, which are PyTorch's (the f
 of a window in row-major order; ceil mode and dilation as attributes).
 
 Eager's NaN rule (a window holding a NaN gives NaN and the index of its last NaN; ORT's
-``MaxPool`` skips NaN) is kept here for float32/float64: one more pooling, of the NaN mask times
-each element's position plus one, finds those windows and the NaN's index from its value, and
-a ``Where`` puts them in. That is four passes over the input and one over the output of ORT's
-slowest elementwise kernel (ResNet-18 inference: ~1.8 of 40 ms), for a case that needs a NaN:
-an ONNX ``If`` runs it only when the input's sum is NaN (any NaN, or infinities of both signs),
-plain ``MaxPool`` otherwise. The same holds for plain max pooling (``max_pool2d``/``3d``, what
-inference graphs use: :func:`ort_lazy.lowering.rewrites.drop_unused_indices`). Other float
-types keep the rule above the translation (:func:`ort_lazy.lowering.rewrites._nan_pooling`).
+``MaxPool`` skips NaN, so a NaN from a diverging layer vanished where eager passes it on) is
+kept here for every float type: one more pooling, of the NaN mask times each element's position
+plus one, finds those windows (its maximum is, as in eager's scan, the last NaN's position plus
+one: the index, read from the value, so that pooling needs no indices), and a ``Where`` puts
+them in. That is four passes over the input and one over the output of ORT's slowest
+elementwise kernel (ResNet-18 inference: ~1.8 of 40 ms), for a case that needs a NaN: for
+float32/float64 an ONNX ``If`` runs it only when the input's sum is NaN (any NaN, or
+infinities of both signs), plain ``MaxPool`` otherwise. The same holds for plain max pooling
+(``max_pool2d``/``3d``, what inference graphs use:
+:func:`ort_lazy.lowering.rewrites.drop_unused_indices`).
 """
 
 from __future__ import annotations
@@ -40,22 +42,20 @@ def _per_dim(value: int | Sequence[int], dims: int) -> list[int]:
 
 
 def _nan_rule(
-    e: Any, x: Any, values: Any, indices: Any | None, spatial: Any, pool: dict[str, Any]
+    e: Any, x: Any, values: Any, indices: Any | None, spatial: Any, plane: Any, pool: dict[str, Any]
 ) -> tuple[Any, Any | None]:
-    """``values`` (and ``indices``) with eager's NaN rule, the work in an ``If`` taken only when
-    ``x`` may hold a NaN (float32/float64 ``x``; see the module docstring)."""
+    """``values`` (and ``indices``) with eager's NaN rule; for float32/float64 ``x`` its work sits
+    in an ``If`` taken only when ``x`` may hold a NaN (see the module docstring)."""
     import onnx_ir as ir
 
     t = x.dtype
-    may_have_nan = e.op("IsNaN", e.op("ReduceSum", x, keepdims=0))
     given = [values] if indices is None else [values, indices]
 
     def nan_rule(n: Emitter) -> list[Any]:
-        count = n.op("ReduceProd", spatial, keepdims=1)
         one = n.op("Constant", value_ints=[1])
         # float32 holds every position exactly up to 2**24 per plane
         start = n.op("Squeeze", one)
-        numbers = n.op("Range", start, n.op("Squeeze", n.op("Add", count, one)), start)  # 1 .. count
+        numbers = n.op("Range", start, n.op("Squeeze", n.op("Add", plane, one)), start)  # 1 .. plane size
         positions = n.op("Reshape", n.op("Cast", numbers, to=ir.DataType.FLOAT), spatial)
         mask = n.op("Mul", n.op("Cast", n.op("IsNaN", x), to=ir.DataType.FLOAT), positions)
         last_nan = n.op("MaxPool", mask, **pool)
@@ -66,13 +66,18 @@ def _nan_rule(
             outputs.append(n.op("Where", found, nan_index, indices))
         return outputs
 
-    outs = e.branch(may_have_nan, nan_rule, lambda _: given)
+    if t in (ir.DataType.FLOAT, ir.DataType.DOUBLE):
+        outs = e.branch(e.op("IsNaN", e.op("ReduceSum", x, keepdims=0)), nan_rule, lambda _: given)
+    else:  # float16/bfloat16: unguarded (their widening to float32 does not reach into an If)
+        outs = nan_rule(e)
     for new, old in zip(outs, given):
         new.dtype, new.shape = old.dtype, old.shape
     return outs[0], (outs[1] if indices is not None else None)
 
 
 def _translation(dims: int, with_indices: bool) -> Callable[..., Any]:
+    name = f"max_pool{dims}d{'_with_indices' if with_indices else ''}"
+
     def translate(
         self: Any,
         kernel_size: Sequence[int],
@@ -83,7 +88,7 @@ def _translation(dims: int, with_indices: bool) -> Callable[..., Any]:
     ) -> Any:
         import onnx_ir as ir
 
-        e = translation_emitter(f"max_pool{dims}d{'_with_indices' if with_indices else ''}")
+        e = translation_emitter(name)
         if self.shape is None:
             raise ValueError("max pooling needs the input's rank")
         kernel = _per_dim(kernel_size, dims)
@@ -99,19 +104,22 @@ def _translation(dims: int, with_indices: bool) -> Callable[..., Any]:
         unbatched = len(self.shape) == dims + 1
         x = e.op("Unsqueeze", self, e.op("Constant", value_ints=[0])) if unbatched else self
         x.dtype = self.dtype
-        spatial = e.op(
-            "Slice", e.op("Shape", x), e.op("Constant", value_ints=[2]), e.op("Constant", value_ints=[2 + dims])
-        )
+        floats = self.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+        if with_indices or floats:
+            spatial = e.op(
+                "Slice", e.op("Shape", x), e.op("Constant", value_ints=[2]), e.op("Constant", value_ints=[2 + dims])
+            )
+            plane = e.op("ReduceProd", spatial, keepdims=1)  # elements per plane, shape [1]
         indices = None
         if with_indices:
             values, flat = e.op("MaxPool", x, num_outputs=2, **pool)
-            indices = e.op("Mod", flat, e.op("ReduceProd", spatial, keepdims=0))
+            indices = e.op("Mod", flat, plane)
             indices.dtype = ir.DataType.INT64
         else:
             values = e.op("MaxPool", x, **pool)
         values.dtype = self.dtype
-        if self.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE):
-            values, indices = _nan_rule(e, x, values, indices, spatial, pool)
+        if floats:
+            values, indices = _nan_rule(e, x, values, indices, spatial, plane, pool)
         if unbatched:
             axes = e.op("Constant", value_ints=[0])
             values = e.op("Squeeze", values, axes)
@@ -122,8 +130,7 @@ def _translation(dims: int, with_indices: bool) -> Callable[..., Any]:
         indices.dtype = ir.DataType.INT64
         return values, indices
 
-    name = f"ort_lazy_max_pool{dims}d{'_with_indices' if with_indices else ''}"
-    translate.__name__ = translate.__qualname__ = name
+    translate.__name__ = translate.__qualname__ = f"ort_lazy_{name}"
     return translate
 
 

@@ -2,8 +2,9 @@
 
 Each module holds the translations of one kind, as ``TRANSLATIONS`` (aten overload ->
 onnxscript-style function run by the exporter's translator): orthogonal polynomials as ONNX
-``Loop`` (:mod:`.polynomials`), the ReLU gradient without ORT's slow ``Where`` (:mod:`.selects`),
-max pooling with PyTorch's indices from one ``MaxPool`` (:mod:`.pooling`).
+``Loop`` (:mod:`.polynomials`), the ReLU gradient without ORT's slow ``Where`` and softmax whose
+guard for rows of only ``-inf`` runs when such a row is there (:mod:`.selects`), max pooling
+with PyTorch's indices from one ``MaxPool`` and eager's NaN rule (:mod:`.pooling`).
 """
 
 from __future__ import annotations

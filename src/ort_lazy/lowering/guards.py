@@ -6,11 +6,10 @@ the calls the decomposition itself makes; :func:`_once` lets the inner call thro
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from typing import Any
 
-__all__ = ["_as_is", "_once"]
+__all__ = ["_once"]
 
 _reentry = threading.local()
 
@@ -21,19 +20,6 @@ def _active() -> set[Any]:
     if active is None:
         active = _reentry.ops = set()
     return active
-
-
-@contextlib.contextmanager
-def _as_is(op: Any) -> Any:
-    """Within: ``op`` is traced as is, not by its guarded decomposition (see :func:`_once`)."""
-    active = _active()
-    added = op not in active
-    active.add(op)
-    try:
-        yield
-    finally:
-        if added:
-            active.discard(op)
 
 
 def _once(op: Any, decompose: Any) -> Any:

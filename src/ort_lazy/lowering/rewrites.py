@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from .. import _compat
 from .distances import DISTANCE_DECOMPOSITIONS
-from .guards import _as_is, _once
+from .guards import _once
 from .indexing import INDEXING_DECOMPOSITIONS
 from .order import ORDER_DECOMPOSITIONS
 from .padding import PADDING_DECOMPOSITIONS
@@ -557,34 +557,6 @@ def one_sided_clamp(side: str) -> Any:
     return decompose
 
 
-def _nan_pooling(op: Any) -> Any:
-    """Max pooling with indices (``op``: the 2-d or 3-d one) of float16/bfloat16 with eager's NaN
-    rule (float32/float64 have it in their translation, where it runs only when the input holds
-    a NaN: :mod:`ort_lazy.export.pooling`): a window holding a NaN gives NaN and the NaN's
-    index. ORT's MaxPool skips NaN (a window [NaN, 1] gave 1), so a NaN from a diverging layer
-    vanished where eager passes it on. One more pooling finds those windows: of the NaN mask
-    times each element's position plus one, so that its maximum is, as in eager's scan, the last
-    NaN of the window's position plus one (the index, read from the value: that pooling needs no
-    indices, which would cost ORT its generic kernel); where nothing reads the indices
-    (inference) the pooling of the input loses them too (:func:`drop_unused_indices`)."""
-    spatial_dims = 3 if op is _aten.max_pool3d_with_indices else 2
-
-    def decompose(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        if not x.is_floating_point() or x.dtype in (torch.float32, torch.float64):
-            return NotImplemented  # float32/64: the translation's own rule (export.pooling)
-        values, indices = op(x, *args, **kwargs)
-        spatial = x.shape[-spatial_dims:]
-        count = math.prod(spatial)
-        # float32 holds every position exactly up to 2**24 per plane
-        positions = torch.arange(1, count + 1, dtype=torch.float32, device=x.device).view(spatial)
-        last_nan, _ = op(torch.isnan(x).to(torch.float32) * positions, *args, **kwargs)
-        found = last_nan > 0
-        nan_index = (last_nan - 1).to(torch.int64)
-        return torch.where(found, torch.full_like(values, math.nan), values), torch.where(found, nan_index, indices)
-
-    return _once(op, decompose)
-
-
 def float_sign(x: torch.Tensor) -> Any:
     """``sign`` of floats as eager computes it, ``(x > 0) - (x < 0)``: 0 for NaN (ONNX's Sign
     gives NaN)."""
@@ -925,25 +897,10 @@ def hardtanh_backward(grad: torch.Tensor, x: torch.Tensor, min_val: float, max_v
     return torch.where((x > min_val) & (x < max_val), grad, zero)
 
 
-def safe_softmax(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """``aten._safe_softmax``: softmax, 0 on rows that are all ``-inf``, NaN rows stay NaN (exact).
-
-    torch's decomposition compares every element with ``-inf`` and selects with a full-size
-    ``where``, ORT's slowest elementwise kernel. Here only per-row values are compared and
-    selected: a masked row is raised to 0 before the softmax (``maximum`` with a per-row floor
-    of 0 or ``-inf``; NaN propagates) and its uniform result is multiplied by 0.
-    """
-    with _as_is(_aten.amax):  # a NaN row is NaN either way: ORT's NaN-skipping ReduceMax will do
-        masked = x.amax(dim, keepdim=True) == float("-inf")
-    floor = torch.where(masked, x.new_zeros(()), x.new_full((), float("-inf")))
-    out = torch.softmax(torch.maximum(x, floor), dim=dim, dtype=dtype)
-    return out * masked.logical_not().to(out.dtype)
-
-
 def safe_softmax_dtype(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> Any:
     """``aten._safe_softmax`` with a ``dtype``: the conversion, then the op itself, which ORT runs
-    by ort-lazy's own translation (``export.selects.safe_softmax``: :func:`safe_softmax`'s guard
-    only when a row is all ``-inf``)."""
+    by ort-lazy's own translation (``export.selects.safe_softmax``: softmax with its guard for
+    rows of only ``-inf`` run when such a row is there)."""
     if dtype is None or dtype == x.dtype:
         return NotImplemented
     return _aten._safe_softmax.default(x.to(dtype), dim)
@@ -1213,7 +1170,6 @@ DECOMPOSITIONS = {
     _aten.floor_divide.default: float_floor_divide,
     _aten.floor_divide.Scalar: float_floor_divide,
     _aten.sign.default: float_sign,
-    **{op.default: _nan_pooling(op) for op in (_aten.max_pool2d_with_indices, _aten.max_pool3d_with_indices)},
     _aten.clamp.default: clamp_scalars,
     **{getattr(_aten.clamp_min, o): one_sided_clamp("min") for o in ("default", "Tensor")},
     **{getattr(_aten.clamp_max, o): one_sided_clamp("max") for o in ("default", "Tensor")},
