@@ -147,8 +147,25 @@ def _ddp_worker(rank: int, world_size: int, store: str, out_dir: str, kind: str,
             "aot_graphs": dynamo_counters["aot_autograd"]["total"],
         }
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+        _phase(out_dir, rank, "saved")
     finally:
         dist.destroy_process_group()
+    _phase(out_dir, rank, "group destroyed")
+    # ort-lazy's own teardown (its sessions and their thread pools) runs here, where a fault
+    # would fail the rank; the interpreter's native teardown is skipped: gloo's worker threads
+    # can abort it under load ("terminate called without an active exception", a PyTorch
+    # teardown race). A full natural exit is test_example_under_torchrun's.
+    from ort_lazy.runtime.session import session_cache
+
+    session_cache().clear()
+    _phase(out_dir, rank, "ort-lazy released")
+    os._exit(0)
+
+
+def _phase(out_dir: str, rank: int, name: str) -> None:
+    """Record that ``rank`` reached ``name``: a rank that dies says how far it got."""
+    with open(os.path.join(out_dir, f"rank{rank}.phases"), "a") as f:
+        f.write(name + "\n")
 
 
 def run_ranks(worker: Callable[..., None], tmp_path: Path, *args: Any) -> list[dict[str, Any]]:
@@ -163,12 +180,22 @@ def run_ranks(worker: Callable[..., None], tmp_path: Path, *args: Any) -> list[d
         worker, args=(WORLD_SIZE, store, str(out_dir), *args), nprocs=WORLD_SIZE, join=False, start_method="spawn"
     )
     deadline = time.monotonic() + RANK_TIMEOUT_S
-    while not context.join(timeout=5):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                if process.is_alive():
-                    process.kill()
-            pytest.fail(f"ranks did not finish within {RANK_TIMEOUT_S:.0f}s")
+
+    def phases() -> str:
+        files = [out_dir / f"rank{r}.phases" for r in range(WORLD_SIZE)]
+        return "; ".join(
+            f"rank {r}: {', '.join(f.read_text().splitlines()) if f.exists() else 'none'}" for r, f in enumerate(files)
+        )
+
+    try:
+        while not context.join(timeout=5):
+            if time.monotonic() > deadline:
+                for process in context.processes:
+                    if process.is_alive():
+                        process.kill()
+                pytest.fail(f"ranks did not finish within {RANK_TIMEOUT_S:.0f}s ({phases()})")
+    except (mp.ProcessExitedException, mp.ProcessRaisedException) as e:
+        raise AssertionError(f"{e} after the phases {phases()}") from e
     return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(WORLD_SIZE)]
 
 
