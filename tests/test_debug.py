@@ -17,6 +17,7 @@ from helpers import assert_close, assert_ran_on_ort, captured_exports, compile_o
 from ort_lazy import cli, metrics
 from ort_lazy.debug.compare import MismatchError
 from ort_lazy.models import SmallCNN
+from ort_lazy.reasons import Reason, suggestion
 from ort_lazy.runtime import session as session_mod
 
 
@@ -116,15 +117,26 @@ def test_explain_lists_known_fallback_with_reason():
 
 
 def test_explain_training_graph_is_fully_on_ort_but_mutations():
-    report = ort_lazy.explain(SmallCNN(), torch.randn(2, 3, 32, 32), backward=True)
+    report = ort_lazy.explain(SmallCNN(), torch.randn(2, 3, 32, 32), backward=True, torch_preferred_ops=())
     tags = [g.tag for g in report.graphs]
     assert tags == ["forward", "backward"]
     reasons = {r for rs in report.fallbacks.values() for r in rs}
     # BatchNorm's running-stat updates are the only thing left behind
-    assert reasons <= {"mutates its input in place (kept in PyTorch)", "no ONNX mapping for this op"}
+    assert reasons == {"mutates its input in place (kept in PyTorch)"}
     assert report.share_on_ort > 0.9
     d = report.as_dict()
     assert d["ops_total"] == report.ops_total and d["fallbacks"]
+
+
+def test_explain_names_the_gradients_pytorch_runs_by_default():
+    """With the default ``torch_preferred_ops`` explain lists the convolution and batch-norm
+    gradients with their reason and how to move them to ORT."""
+    report = ort_lazy.explain(SmallCNN(), torch.randn(2, 3, 32, 32), backward=True)
+    preferred = Reason.PREFERRED
+    assert report.fallbacks["aten.convolution_backward.default"] == {preferred: 2}
+    assert report.fallbacks["aten.native_batch_norm_backward.default"] == {preferred: 2}
+    text = str(report)
+    assert "torch_preferred_ops" in text and suggestion(preferred) in text
 
 
 def test_cli_info_json():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -129,6 +130,69 @@ def test_transformer_encoder_layer(train):
 def test_small_cnn_train_matches_eager():
     train_parity(SmallCNN, (torch.randn(4, 3, 32, 32),), steps=2, atol=2e-4)
     assert_ran_on_ort()
+
+
+_PREFERRED = "PyTorch's kernel is faster than ORT's form of this op (torch_preferred_ops)"
+
+
+@pytest.mark.parametrize("preferred", ["default", "none"])
+def test_cnn_gradients_with_and_without_torch_preferred_ops(preferred):
+    """Convolution and batch-norm gradients run in PyTorch by default (``torch_preferred_ops``)
+    and as ORT decompositions with ``torch_preferred_ops=()``: gradients follow eager both ways,
+    and everything else of the step runs on ORT."""
+    options = {} if preferred == "default" else {"torch_preferred_ops": ()}
+    train_parity(SmallCNN, (torch.randn(4, 3, 32, 32),), steps=2, atol=2e-4, **options)
+    c = assert_ran_on_ort()
+    fallbacks = metrics.fallbacks()
+    kept = {op: reasons for op, reasons in fallbacks.items() if _PREFERRED in reasons}
+    if preferred == "default":
+        # two convolutions and two batch norms in the backward graph, each a whole op
+        assert kept == {
+            "aten.convolution_backward.default": {_PREFERRED: 2},
+            "aten.native_batch_norm_backward.default": {_PREFERRED: 2},
+        }, fallbacks
+        assert c["regions_on_ort"] >= 3, c  # forward, and the backward between the kept ops
+    else:
+        assert kept == {}, fallbacks
+    # beyond them only BatchNorm's running-statistics updates stay in PyTorch
+    assert set(fallbacks) - set(kept) <= {"aten.copy_.default"}, fallbacks
+
+
+@pytest.mark.parametrize(
+    ("op", "train"),
+    [("aten.gelu", False), ("aten.native_layer_norm", False), ("aten.convolution_backward", True), ("aten.hardtanh_backward", True)],
+)
+def test_torch_executed_ops_keeps_ops_ort_lazy_decomposes(op, train):
+    """An op ort-lazy (or torch) would decompose before partitioning stays whole in PyTorch
+    when the user lists it: the exclusion is not lost in the decomposition."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.GELU(), torch.nn.LayerNorm(6), torch.nn.Hardtanh(), torch.nn.Flatten()
+    )
+    x = torch.randn(2, 3, 8, 8)
+    if train:
+        train_parity(lambda: copy.deepcopy(model), (x,), steps=1, torch_executed_ops=[op])
+    else:
+        with torch.no_grad():
+            assert_close(compile_ort(copy.deepcopy(model), torch_executed_ops=[op])(x), model(x))
+    assert_ran_on_ort()
+    fallbacks = metrics.fallbacks()
+    assert fallbacks.get(f"{op}.default") == {"excluded by the user (torch_executed_ops)": 1}, fallbacks
+
+
+def test_decomposition_table_keeps_every_listed_op_whole():
+    """Whatever op the AOT decomposition table would rewrite, naming it (packet or overload)
+    in ``torch_executed_ops`` / ``torch_preferred_ops`` takes it out of the table."""
+    from ort_lazy.lowering.decompositions import decomposition_table
+    from ort_lazy.opnames import op_name
+
+    table = decomposition_table()
+    names = sorted(op_name(op) for op in table)
+    assert "aten.convolution_backward.default" in names and "aten.gelu.default" in names
+    for name in names:
+        assert not {op_name(op) for op in decomposition_table(None, frozenset({name}))} & {name}, name
+    packets = frozenset(n.rsplit(".", 1)[0] for n in names)
+    assert decomposition_table(None, packets) == {}
 
 
 def test_tiny_gpt_forward_backward():

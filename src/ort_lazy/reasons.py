@@ -13,6 +13,7 @@ class Reason:
     NO_KERNEL = "no ORT kernel for these dtypes on this provider"
     BAD_TRANSLATION = "the ONNX translation is ill-typed (ONNX type inference rejects it)"
     EXCLUDED = "excluded by the user (torch_executed_ops)"
+    PREFERRED = "PyTorch's kernel is faster than ORT's form of this op (torch_preferred_ops)"
     COMPILE_FAILED = "compiling the graph failed"
     EXPORT_FAILED = "export failed"
     ORT_FAILED = "ORT session or run failed"
@@ -32,6 +33,7 @@ SUGGESTIONS = {
     "or choose a provider that has one",
     Reason.BAD_TRANSLATION: "the exporter's translation of this op is ill-typed for these dtypes; it stays in PyTorch",
     Reason.EXCLUDED: "remove it from torch_executed_ops / ORT_LAZY_TORCH_EXECUTED_OPS to run it on ORT",
+    Reason.PREFERRED: "nothing to do; torch_preferred_ops=() / ORT_LAZY_TORCH_PREFERRED_OPS=none runs it on ORT too",
     Reason.COMPILE_FAILED: "set ORT_LAZY_STRICT=1 to see the exception; please report it",
     Reason.EXPORT_FAILED: "set ORT_LAZY_DUMP_DIR and ORT_LAZY_RUN_TYPE=debug to inspect the region",
     Reason.ORT_FAILED: "set ORT_LAZY_DUMP_DIR to get the ONNX model and try it in onnxruntime directly",

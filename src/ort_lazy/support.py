@@ -33,7 +33,7 @@ __all__ = [
     "registered_ops",
     "translatable",
     "unsupported_reason",
-    "is_excluded",
+    "excluded_reason",
     "probe_op",
     "probe_ops",
     "probe_error",
@@ -159,13 +159,18 @@ def translatable(target: Any, cache_dir: str | None = None) -> bool:
     return target not in DISTRUSTED and target in registered_ops(cache_dir)
 
 
-def is_excluded(target: Any, options: Options) -> bool:
-    """Whether the user forced ``target`` to stay in PyTorch."""
-    if not options.torch_executed_ops:
-        return False
+def excluded_reason(target: Any, options: Options) -> str | None:
+    """Why ``target`` stays in PyTorch whatever ORT can do (``torch_executed_ops``, then
+    ``torch_preferred_ops``), None when nothing keeps it there."""
+    if not (options.torch_executed_ops or options.torch_preferred_ops):
+        return None
     full = op_name(target)
-    packet = full.rsplit(".", 1)[0]
-    return full in options.torch_executed_ops or packet in options.torch_executed_ops
+    names = (full, full.rsplit(".", 1)[0])
+    if any(n in options.torch_executed_ops for n in names):
+        return Reason.EXCLUDED
+    if any(n in options.torch_preferred_ops for n in names):
+        return Reason.PREFERRED
+    return None
 
 
 def _meta(value: Any) -> Any:
@@ -202,8 +207,9 @@ def static_reason(node: torch.fx.Node, options: Options) -> str | None:
         return None
     if not isinstance(target, torch._ops.OpOverload):
         return Reason.NO_MAPPING
-    if is_excluded(target, options):
-        return Reason.EXCLUDED
+    excluded = excluded_reason(target, options)
+    if excluded is not None:
+        return excluded
     out_meta = _meta(node)
     outs = _flat_metas(out_meta)
     if any(isinstance(o, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)) for o in outs):
@@ -305,8 +311,10 @@ def torchscript_reason(op: str, overload: str, inputs: Sequence[Any], options: O
     rank, device or None)`` or ``("const", value)``. Answers are memoised like the FX probes'.
     """
     target = lookup(f"{op}.{overload or 'default'}")
-    if isinstance(target, torch._ops.OpOverload) and is_excluded(target, options):
-        return Reason.EXCLUDED
+    if isinstance(target, torch._ops.OpOverload):
+        excluded = excluded_reason(target, options)
+        if excluded is not None:
+            return excluded
     tensors = [d for d in inputs if d[0] == "tensor"]
     device = next((torch.device(d[3]) for d in tensors if d[3] is not None), None)
     if device is not None and device.type not in _DEVICES:

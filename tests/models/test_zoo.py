@@ -33,7 +33,7 @@ import pytest
 import torch
 from torchvision_stub import import_timm
 from zoo import CASES, FAST
-from zoo_runs import Run, inference, max_relative_grad_error, training
+from zoo_runs import Run, TrainingRun, inference, max_relative_grad_error, training
 
 from helpers import assert_close
 from ort_lazy.reasons import Reason
@@ -134,6 +134,11 @@ def test_inference_on_ort(name: str) -> None:
 def test_training_parity(name: str, record_property) -> None:
     run = training(name)
     record_property("zoo_training", _row(run))
+    _assert_training_parity(run)
+
+
+def _assert_training_parity(run: TrainingRun) -> None:
+    """Loss, every gradient (within 4x eager's own float64 error) and every buffer as eager."""
     run.check()
     assert_close(run.loss_ort, run.loss_eager, rtol=1e-4, atol=1e-5)
     assert run.grads_ort.keys() == run.grads_eager.keys()
@@ -153,6 +158,20 @@ def test_training_parity(name: str, record_property) -> None:
     for bname, eager in run.buffers_eager.items():
         assert_close(run.buffers_ort[bname], eager, rtol=1e-4, atol=1e-5)
     _no_failures(run.counters, run.report)
+
+
+@pytest.mark.parametrize("name", [n for n in FAST if CASES[n].family != "transformers"])
+def test_cnn_training_with_default_options(name: str) -> None:
+    """The zoo's other training tests put every gradient on ORT; with the defaults the
+    convolution and batch-norm gradients run in PyTorch (``torch_preferred_ops``) between ORT
+    regions: the same gradients, everything else on ORT."""
+    run = training(name, ())
+    _assert_training_parity(run)
+    preferred = {(op, r) for op, reasons in run.fallbacks.items() for r in reasons if r.startswith(Reason.PREFERRED)}
+    assert {op for op, _ in preferred} == {"aten.convolution_backward.default", "aten.native_batch_norm_backward.default"}
+    documented = set(DOCUMENTED_FALLBACKS.get(name, {}).get("training", {})) | preferred
+    assert {(op, r) for op, reasons in run.fallbacks.items() for r in reasons} <= documented, run.report
+    assert run.counters["ort_runs"] > 2 and run.shares["forward"].ratio > 0.9, run.report
 
 
 @pytest.mark.parametrize("name", _params("training_on_ort"), scope="module")

@@ -185,14 +185,21 @@ def _double(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.double() if v.is_floating_point() else v for k, v in inputs.items()}
 
 
+#: training options that put every op ORT can run on ORT, the gradients PyTorch runs faster by
+#: default (``torch_preferred_ops``) included: the zoo verifies ORT's lowering of all of them
+ALL_ON_ORT: tuple[tuple[str, Any], ...] = (("torch_preferred_ops", ()),)
+
+
 @functools.cache
-def training(name: str) -> TrainingRun:
-    """One training step (train mode, loss inside the compiled function): loss and every gradient."""
+def training(name: str, options: tuple[tuple[str, Any], ...] = ALL_ON_ORT) -> TrainingRun:
+    """One training step (train mode, loss inside the compiled function): loss and every gradient.
+
+    ``options``: ort-lazy options as (name, value) pairs (``()``: the defaults)."""
     with _one_thread():
-        return _training(name)
+        return _training(name, dict(options))
 
 
-def _training(name: str) -> TrainingRun:
+def _training(name: str, options: dict[str, Any]) -> TrainingRun:
     case = CASES[name]
     run = TrainingRun(name)
     inputs, labels = _inputs(case)
@@ -215,7 +222,7 @@ def _training(name: str) -> TrainingRun:
     run.eager_ms = _median_ms(eager_step, repeat=3)
 
     def body() -> None:
-        compiled = torch.compile(ort_model, backend="ort")
+        compiled = torch.compile(ort_model, backend="ort", options=options or None)
         start = time.perf_counter()
         loss = _loss(compiled(**inputs, labels=labels))
         loss.backward()

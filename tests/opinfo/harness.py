@@ -316,6 +316,11 @@ def _execute(
     )
 
 
+#: the compiled run's options: ops PyTorch runs faster by default (``torch_preferred_ops``: the
+#: convolution and batch-norm gradients) go to ORT too, so their lowering is verified as well
+ON_ORT: dict[str, Any] = {"torch_preferred_ops": ()}
+
+
 def _compiled(op: Any, backend: str = "ort", options: dict[str, Any] | None = None) -> Callable[..., Any]:
     """A fresh ``torch.compile`` of the op (static shapes: one compile per sample, no guards
     to widen; dynamo's caches are reset so no earlier case's graph can be reused)."""
@@ -734,7 +739,7 @@ def _run_sample(op: Any, sample: Any, index: int, direction: str, diagnose: bool
         return SampleResult(index, "skip: no differentiable output")
     phases: dict[str, _Phase] = {}
     try:
-        actual = _execute(_compiled(op), sample, direction, seed=0, phases=phases)
+        actual = _execute(_compiled(op, options=ON_ORT), sample, direction, seed=0, phases=phases)
     except CaseTimeout:
         raise
     except Exception as e:

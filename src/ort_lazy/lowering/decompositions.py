@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from ..opnames import op_name
 from ..support import DISTRUSTED, registered_ops
 from .rewrites import DECOMPOSITIONS
 from .special import SPECIAL_DECOMPOSITIONS
@@ -61,11 +62,13 @@ def _functional(op: Any) -> bool:
 
 
 @functools.lru_cache(maxsize=8)
-def decomposition_table(cache_dir: str | None = None) -> dict[Any, Any]:
+def decomposition_table(cache_dir: str | None = None, kept: frozenset[str] = frozenset()) -> dict[Any, Any]:
     """The decompositions for AOTAutograd (see the module docstring).
 
-    Built without importing the exporter when the compile cache holds the list of translated
-    ops, so a warm process never loads it.
+    ``kept``: op names (``aten.relu`` or ``aten.relu.default``) never decomposed, so that
+    ``torch_executed_ops`` / ``torch_preferred_ops`` find them whole in the graph. Built without
+    importing the exporter when the compile cache holds the list of translated ops, so a warm
+    process never loads it.
     """
     translated = set(registered_ops(cache_dir)) - set(DISTRUSTED)
     table: dict[Any, Any] = {}
@@ -80,4 +83,7 @@ def decomposition_table(cache_dir: str | None = None) -> dict[Any, Any]:
             table[op] = full[op]
     table.update(SPECIAL_DECOMPOSITIONS)
     table.update(DECOMPOSITIONS)
+    if kept:
+        for op in [op for op in table if {op_name(op), op_name(op).rsplit(".", 1)[0]} & kept]:
+            del table[op]
     return table
