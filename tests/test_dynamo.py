@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import subprocess
 import sys
@@ -136,12 +137,16 @@ _PREFERRED = "PyTorch's kernel is faster than ORT's form of this op (torch_prefe
 
 
 @pytest.mark.parametrize("preferred", ["default", "none"])
-def test_cnn_gradients_with_and_without_torch_preferred_ops(preferred):
+def test_cnn_gradients_with_and_without_torch_preferred_ops(preferred, caplog, monkeypatch):
     """Convolution and batch-norm gradients run in PyTorch by default (``torch_preferred_ops``)
     and as ORT decompositions with ``torch_preferred_ops=()``: gradients follow eager both ways,
-    and everything else of the step runs on ORT."""
+    and everything else of the step runs on ORT. A default choice is logged, not warned about."""
     options = {} if preferred == "default" else {"torch_preferred_ops": ()}
-    train_parity(SmallCNN, (torch.randn(4, 3, 32, 32),), steps=2, atol=2e-4, **options)
+    monkeypatch.setattr(metrics, "_warned", set())  # said once per process: earlier tests said it
+    with caplog.at_level(logging.INFO, logger="ort_lazy"):
+        train_parity(SmallCNN, (torch.randn(4, 3, 32, 32),), steps=2, atol=2e-4, **options)
+    said = [r for r in caplog.records if "aten.convolution_backward.default runs in PyTorch" in r.getMessage()]
+    assert [r.levelno for r in said] == ([logging.INFO] if preferred == "default" else []), said
     c = assert_ran_on_ort()
     fallbacks = metrics.fallbacks()
     kept = {op: reasons for op, reasons in fallbacks.items() if _PREFERRED in reasons}

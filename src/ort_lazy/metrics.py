@@ -140,13 +140,14 @@ def timed(name: str) -> Iterator[None]:
         record_time(name, time.perf_counter() - start)
 
 
-def warn_once(key: str, message: str, *args: Any) -> None:
-    """Log ``message`` as a warning the first time ``key`` is seen (one per reason, not per call)."""
+def warn_once(key: str, message: str, *args: Any, level: int = logging.WARNING) -> None:
+    """Log ``message`` (a warning unless ``level`` says otherwise) the first time ``key`` is
+    seen (one per reason, not per call)."""
     with _lock:
         if key in _warned:
             return
         _warned.add(key)
-    logger.warning(message, *args)
+    logger.log(level, message, *args)
 
 
 def counters() -> dict[str, int]:

@@ -8,6 +8,7 @@ session creation fails stays in PyTorch, counted and warned about once.
 
 from __future__ import annotations
 
+import logging
 import operator
 import time
 from collections.abc import Sequence
@@ -65,6 +66,8 @@ def _record(reasons: dict[torch.fx.Node, str | None]) -> None:
                 "ort-lazy: %s runs in PyTorch (%s)",
                 op_name(node.target),
                 f"{reason}: {detail}" if detail else reason,
+                # a default choice, not a limitation: said at info level
+                level=logging.INFO if reason == Reason.PREFERRED else logging.WARNING,
             )
 
 
