@@ -127,25 +127,28 @@ std::shared_ptr<Graph> prepare_for_export(const std::shared_ptr<Graph>& subgraph
   return g;
 }
 
-// A graph holding a copy of `node` alone: its tensor inputs become graph inputs (with the
-// node's profiled types), its constant inputs are copied.  Python probes whether the
-// TorchScript exporter and ORT take exactly this node.
+// A graph holding a copy of `node` alone: each tensor input position becomes a graph input
+// of its own (with the node's profiled type), even where one value feeds several positions
+// (x * x) or the tensor is a constant (a scalar LazyTensor folded in): Python describes and
+// feeds one example per tensor position (describe_input).  Other constants are copied.
+// Python probes whether the TorchScript exporter and ORT take exactly this node.
 std::shared_ptr<Graph> single_node_graph(Node* node) {
   auto g = std::make_shared<Graph>();
-  std::unordered_map<Value*, Value*> env;
+  std::vector<Value*> by_position;
   for (Value* in : node->inputs()) {
-    if (env.count(in)) continue;
-    if (in->node()->kind() == c10::prim::Constant) {
+    if (in->node()->kind() == c10::prim::Constant && !is_tensor(in)) {
       Node* c = g->createClone(in->node(), [](Value* v) { return v; });
       g->insertNode(c);
-      env[in] = c->output();
+      by_position.push_back(c->output());
     } else {
       Value* v = g->addInput();
       v->setType(in->type());
-      env[in] = v;
+      by_position.push_back(v);
     }
   }
-  Node* copy = g->createClone(node, [&](Value* v) { return env.at(v); });
+  // createClone maps the node's inputs once each, in order
+  size_t position = 0;
+  Node* copy = g->createClone(node, [&](Value*) { return by_position.at(position++); });
   g->insertNode(copy);
   for (Value* out : copy->outputs()) g->registerOutput(out);
   return prepare_for_export(g);

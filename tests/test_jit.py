@@ -67,6 +67,36 @@ def test_script_no_grad_runs_on_ort(ort_jit, dtype):
     assert "ort::CompilationGroup" in str(graph)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.int64, torch.int32])
+def test_seed_runs_whole_on_ort(ort_jit, dtype):
+    """Every op of the seed (x * x reads one value twice) is in the ORT group: none is left
+    behind in TorchScript."""
+    fn = _fresh_seed()
+    x = torch.tensor([1, -1, 3] if not dtype.is_floating_point else [-1.0, 1.0, 2.5], dtype=dtype)
+    _calls_until_ort(fn, x, calls=3)
+    assert metrics.fallbacks() == {}, metrics.fallbacks()
+    top = str(torch.jit.last_executed_optimized_graph()).split("with ort::CompilationGroup")[0]
+    assert "aten::" not in top, top
+
+
+def test_ops_reading_one_value_twice_run_on_ort(ort_jit):
+    """A node whose inputs are one value twice (x * x, x / x, x ** x, x + x) is probed with
+    one example per input position, and runs on ORT."""
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x * x + x / x + torch.pow(x, x) + torch.add(x, x, alpha=2) - torch.maximum(x, x)
+
+    fn = torch.jit.script(f)
+    x = torch.rand(5) + 0.5
+    for _ in range(3):
+        out = fn(x)
+    assert torch.allclose(out, f(x))
+    assert metrics.fallbacks() == {}, metrics.fallbacks()
+    assert metrics.counters()["ort_runs"] > 0
+    top = str(torch.jit.last_executed_optimized_graph()).split("with ort::CompilationGroup")[0]
+    assert "aten::" not in top, top
+
+
 def test_script_with_grad_from_the_start(ort_jit):
     fn = _fresh_seed()
     for step in range(4):

@@ -84,6 +84,28 @@ def test_seed_script(ltm):
     assert c["export_failures"] == 0 and c["ort_failures"] == 0, metrics.report()
 
 
+def test_ops_reading_one_value_twice_or_a_constant_run_on_ort(ltm):
+    """Nodes whose inputs are one value twice (x * x, x / x, x ** x) or a scalar LazyTensor
+    folded into a constant (x ** 2, the mean's division) are probed with one example per
+    tensor input and run on ORT, forward and backward: nothing is left in TorchScript."""
+    x_cpu = torch.rand(6, dtype=torch.float64) + 0.5
+
+    def f(x):
+        return (x * x + x / x + torch.pow(x, x) + x.pow(2) * 3.0).mean()
+
+    xr = x_cpu.clone().requires_grad_()
+    f(xr).backward()
+    expected, expected_grad = f(x_cpu), xr.grad
+    for _ in range(3):
+        x = x_cpu.to("lazy").requires_grad_()
+        y = f(x)
+        y.backward()
+        ltm.mark_step()
+    assert torch.allclose(y.cpu(), expected) and torch.allclose(x.grad.cpu(), expected_grad)
+    assert metrics.counters()["ort_runs"] > 0
+    assert metrics.fallbacks() == {}, metrics.fallbacks()
+
+
 def test_seed_script_repeated_switches_to_ort(ltm):
     """Every lazy graph of the seed runs on ORT once the profiling executor optimized it."""
     runs = []
