@@ -258,8 +258,19 @@ bool lower_softmax_backward(const std::shared_ptr<Graph>& graph, Node* n, const 
 
 void lower_for_export(const std::shared_ptr<Graph>& graph) {
   std::vector<Node*> nodes(graph->nodes().begin(), graph->nodes().end());
+  static const c10::Symbol kPrivatePool = c10::Symbol::fromQualString("aten::_adaptive_avg_pool2d");
   for (Node* n : nodes) {
     if (n->outputs().size() != 1) continue;
+    if (n->kind() == kPrivatePool && n->inputs().size() == 2) {
+      // the public op (same schema, whatever the output's profiled type): the exporter has a
+      // symbolic for it (global pooling, or average pooling where the output size divides the
+      // input's; otherwise the probe says no and it stays in TorchScript)
+      torch::jit::WithInsertPoint guard(n);
+      Node* r = insert_typed(graph, "aten::adaptive_avg_pool2d", {n->input(0), n->input(1)}, n->output()->type());
+      n->output()->replaceAllUsesWith(r->output());
+      n->destroy();
+      continue;
+    }
     auto out = n->output()->type()->cast<c10::TensorType>();
     if (!out || !out->scalarType() || !out->dim()) continue;
     const std::string kind = n->kind().toQualString();

@@ -106,6 +106,31 @@ def test_ops_reading_one_value_twice_or_a_constant_run_on_ort(ltm):
     assert metrics.fallbacks() == {}, metrics.fallbacks()
 
 
+@pytest.mark.parametrize("size", [16, 10])
+def test_adaptive_average_pooling(ltm, size):
+    """LazyTensor records ``aten::_adaptive_avg_pool2d``, which the TorchScript exporter has no
+    symbolic for: the bridge hands it the public op, so pooling whose output size divides the
+    input's runs on ORT; other sizes stay in TorchScript. Results and gradients as eager."""
+    pool = torch.nn.AdaptiveAvgPool2d(4)
+    x_cpu = torch.rand(2, 3, size, size)  # float32: ORT's AveragePool has no float64 kernel
+    xr = x_cpu.clone().requires_grad_()
+    expected = pool(xr * 2.0) + 1.0
+    expected.sum().backward()
+    for _ in range(3):
+        x = x_cpu.to("lazy").requires_grad_()
+        y = pool(x * 2.0) + 1.0
+        y.sum().backward()
+        ltm.mark_step()
+    assert torch.allclose(y.cpu(), expected) and torch.allclose(x.grad.cpu(), xr.grad)
+    assert metrics.counters()["ort_runs"] > 0
+    kept = metrics.fallbacks()
+    if size == 16:
+        assert not any(op.startswith("aten._adaptive_avg_pool2d.") or op.startswith("aten.adaptive_avg_pool2d.")
+                       for op in kept), kept
+    else:  # 10 -> 4: not an average pooling with one kernel; the exporter refuses it
+        assert "aten.adaptive_avg_pool2d.default" in kept, kept
+
+
 def test_seed_script_repeated_switches_to_ort(ltm):
     """Every lazy graph of the seed runs on ORT once the profiling executor optimized it."""
     runs = []
