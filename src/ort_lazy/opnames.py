@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["op_name", "normalize", "lookup", "suggest"]
+__all__ = ["op_name", "named_in", "normalize", "lookup", "suggest"]
 
 
 def op_name(target: Any) -> str:
@@ -21,6 +21,15 @@ def op_name(target: Any) -> str:
     if isinstance(target, torch._ops.OpOverload):
         return f"{target.namespace}.{target._schema.name.split('::')[-1]}.{target._overloadname}"
     return getattr(target, "__name__", str(target))
+
+
+def named_in(target: Any, names: frozenset[str]) -> bool:
+    """Whether ``names`` (normalized: ``aten.relu`` or ``aten.relu.default``) names the overload
+    ``target``, by itself or by its packet."""
+    if not names:
+        return False
+    full = op_name(target)
+    return full in names or full.rsplit(".", 1)[0] in names
 
 
 def normalize(name: str) -> str:

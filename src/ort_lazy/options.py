@@ -193,6 +193,12 @@ class Options:
         for name in ("rtol", "atol"):
             _set(self, name, _parse_tolerance(getattr(self, name), name))
 
+    @property
+    def torch_ops(self) -> frozenset[str]:
+        """Every op name kept in PyTorch by option: ``torch_executed_ops`` and
+        ``torch_preferred_ops`` together."""
+        return self.torch_executed_ops | self.torch_preferred_ops
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Options:
         """Build options from ``ORT_LAZY_*`` variables, then apply ``overrides``.

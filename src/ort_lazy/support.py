@@ -21,7 +21,7 @@ import torch
 import torch.fx
 
 from . import _compat
-from .opnames import lookup, op_name
+from .opnames import lookup, named_in, op_name
 from .options import Options
 from .reasons import Reason
 
@@ -162,13 +162,9 @@ def translatable(target: Any, cache_dir: str | None = None) -> bool:
 def excluded_reason(target: Any, options: Options) -> str | None:
     """Why ``target`` stays in PyTorch whatever ORT can do (``torch_executed_ops``, then
     ``torch_preferred_ops``), None when nothing keeps it there."""
-    if not (options.torch_executed_ops or options.torch_preferred_ops):
-        return None
-    full = op_name(target)
-    names = (full, full.rsplit(".", 1)[0])
-    if any(n in options.torch_executed_ops for n in names):
+    if named_in(target, options.torch_executed_ops):
         return Reason.EXCLUDED
-    if any(n in options.torch_preferred_ops for n in names):
+    if named_in(target, options.torch_preferred_ops):
         return Reason.PREFERRED
     return None
 

@@ -210,7 +210,7 @@ def _compile(gm: torch.nn.Module, example_inputs: Sequence[Any], options: Option
         fw_compiler=_aot_compiler(options, "forward"),
         bw_compiler=_aot_compiler(options, "backward"),
         inference_compiler=_aot_compiler(options, "inference", frozen),
-        decompositions=decomposition_table(options.cache_dir, options.torch_executed_ops | options.torch_preferred_ops),
+        decompositions=decomposition_table(options.cache_dir, options.torch_ops),
         keep_inference_input_mutations=True,
     )
     if not torch.is_grad_enabled() and isinstance(work, torch.fx.GraphModule):
@@ -241,7 +241,7 @@ def _inference_graph(
     if len(modes) != 1:
         return None
     (fake_mode,) = modes.values()
-    table = decomposition_table(options.cache_dir, options.torch_executed_ops | options.torch_preferred_ops)
+    table = decomposition_table(options.cache_dir, options.torch_ops)
     try:
         with fake_mode, torch.no_grad():
             aten = make_fx(torch.func.functionalize(gm, remove="mutations"), decomposition_table=table)(*fake_args)

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ..opnames import op_name
+from ..opnames import named_in
 from ..support import DISTRUSTED, registered_ops
 from .rewrites import DECOMPOSITIONS
 from .special import SPECIAL_DECOMPOSITIONS
@@ -83,7 +83,6 @@ def decomposition_table(cache_dir: str | None = None, kept: frozenset[str] = fro
             table[op] = full[op]
     table.update(SPECIAL_DECOMPOSITIONS)
     table.update(DECOMPOSITIONS)
-    if kept:
-        for op in [op for op in table if {op_name(op), op_name(op).rsplit(".", 1)[0]} & kept]:
-            del table[op]
+    for op in [op for op in table if named_in(op, kept)]:
+        del table[op]
     return table
