@@ -121,9 +121,9 @@ class FloorRunner:
                 )
             binding = sess.io_binding()
             for name, tensor in zip(call.input_names, call.inputs):
-                binding.bind_input(name, "cpu", 0, NUMPY_TYPES[tensor.dtype], list(tensor.shape), tensor.data_ptr())
+                binding.bind_input(name, *_where(tensor), NUMPY_TYPES[tensor.dtype], list(tensor.shape), tensor.data_ptr())
             for name, tensor in zip(call.output_names, call.outputs):
-                binding.bind_output(name, "cpu", 0, NUMPY_TYPES[tensor.dtype], list(tensor.shape), tensor.data_ptr())
+                binding.bind_output(name, *_where(tensor), NUMPY_TYPES[tensor.dtype], list(tensor.shape), tensor.data_ptr())
             self.sessions.append(sess)
             self.bindings.append(binding)
         pairs = list(zip(self.sessions, self.bindings))
@@ -149,6 +149,13 @@ class FloorRunner:
 
     def __call__(self) -> None:
         self._call()
+
+
+def _where(tensor: torch.Tensor) -> tuple[str, int]:
+    """IOBinding's device name and index for ``tensor``."""
+    if tensor.is_cuda:
+        return "cuda", tensor.device.index or 0
+    return "cpu", 0
 
 
 def _ortvalue(tensor: torch.Tensor) -> Any:
@@ -206,7 +213,12 @@ def export_floor(
     so.intra_op_num_threads = threads
     if not default_options:
         so.add_session_config_entry("session.intra_op.allow_spinning", "1")
-    sess = ort.InferenceSession(model_bytes, sess_options=so, providers=["CPUExecutionProvider"])
+    providers: list[Any] = ["CPUExecutionProvider"]
+    if inputs and inputs[0].is_cuda:
+        # ORT's CUDA provider with its defaults, but TF32 as torch has it (torch: off by default)
+        cuda = {"device_id": str(inputs[0].device.index or 0), "use_tf32": str(int(torch.backends.cuda.matmul.allow_tf32))}
+        providers.insert(0, ("CUDAExecutionProvider", cuda))
+    sess = ort.InferenceSession(model_bytes, sess_options=so, providers=providers)
     outs = expected if isinstance(expected, (tuple, list)) else [expected]
     call = CapturedCall(
         model_bytes=model_bytes,

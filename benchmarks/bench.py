@@ -98,6 +98,8 @@ class Case:
     inputs: tuple[torch.Tensor, ...]
     threads: int
     ort_options: dict[str, Any]
+    #: where the model and its inputs live (``cpu`` or ``cuda``)
+    device: str = "cpu"
 
     @property
     def train(self) -> bool:
@@ -214,6 +216,8 @@ def _first_call(case: Case, step: Callable[[], Any]) -> tuple[float, Any]:
     with _grad_mode(case.train):
         start = time.perf_counter()
         out = step()
+        if case.device == "cuda":
+            torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
     return elapsed, out
 
@@ -513,6 +517,17 @@ def _time_calls(step: Callable[[], Any], n: int, train: bool, out: list[float]) 
             out.append(clock() - start)
 
 
+def _synchronized(step: Callable[[], Any]) -> Callable[[], Any]:
+    """``step`` followed by a wait for the GPU: a timed call covers the kernels it queued."""
+
+    def call() -> Any:
+        out = step()
+        torch.cuda.synchronize()
+        return out
+
+    return call
+
+
 def _percentile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     if len(ordered) == 1:
@@ -562,7 +577,11 @@ def run_case(
         base = rss.settle() if rss.available else 0
         stage = "build"
         try:
+            if case.device != "cpu" and (backend.alone or backend.reduced):
+                raise ValueError(f"{name} is measured on the CPU only")
             p = backend.build(case)
+            if case.device == "cuda":
+                p.step = _synchronized(p.step)
             row.first_call_s = p.first_call_s
             row.note = p.note
             row.extra.update(p.extra)
@@ -898,6 +917,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory pass")
     p.add_argument("--inductor-cache", action="store_true", help="leave Inductor's on-disk caches on (first call no longer cold)")
     p.add_argument("--seed", type=int, default=0, help="torch.manual_seed for weights and inputs")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where models and inputs live (cuda: ORT's CUDA provider; each timed call waits for the GPU; "
+                   "the mixed-regime and int8 rows are CPU-only)")
     p.add_argument("--json", dest="json_path", default="bench-results.json", help="JSON output path ('' to skip)")
     p.add_argument("--png", dest="png_path", default="bench-results.png", help="PNG chart path ('' to skip)")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the table and targets")
@@ -947,12 +969,12 @@ def _run_models(
     for model_name in models:
         spec = catalogue[model_name]
         torch.manual_seed(args.seed)
-        template = spec.make()
-        inputs = tuple(spec.inputs())
+        template = spec.make().to(args.device)
+        inputs = tuple(t.to(args.device) for t in spec.inputs())
         for mode in modes:
             log(f"{model_name} / {mode}")
             torch._dynamo.reset()
-            case = Case(model_name, mode, template, inputs, threads, ort_options)
+            case = Case(model_name, mode, template, inputs, threads, ort_options, args.device)
             rows += run_case(
                 case, backends, reps=args.reps, warmup=args.warmup, rounds=args.rounds,
                 max_time_s=args.max_time, memory=not args.no_memory, rss=rss, log=log,
@@ -965,6 +987,7 @@ def _run_models(
         "versions": _versions(),
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
+        "device": args.device if args.device == "cpu" else f"{args.device}: {torch.cuda.get_device_name()}",
         "threads": threads,
         "ort_options": ort_options,
         "reps": args.reps,

@@ -253,3 +253,60 @@ def test_metrics_report_and_reset():
     assert "ort_runs" in text and "export" in text
     metrics.reset()
     assert metrics.counters()["ort_runs"] == 0
+
+
+class _FakeStream:
+    cuda_stream = 1234
+
+
+@pytest.mark.parametrize("allow_tf32", [False, True])
+def test_cuda_provider_options_follow_torch(monkeypatch, allow_tf32):
+    """The CUDA provider runs on torch's current stream and uses TF32 exactly when torch's
+    float32 products may (ORT's default is on); explicit provider options win. (Runs without a
+    GPU: the options are built from torch's settings; tests/test_cuda.py checks them on one.)"""
+    from ort_lazy.runtime import session as session_mod
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda index=None: _FakeStream())
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high" if allow_tf32 else "highest")
+    try:
+        opts = session_mod.provider_options_for("CUDAExecutionProvider", Options(), torch.device("cuda", 1))
+        assert session_mod.cuda_tf32() is allow_tf32
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert opts == {
+        "device_id": "1",
+        "has_user_compute_stream": "1",
+        "user_compute_stream": "1234",
+        "use_tf32": "1" if allow_tf32 else "0",
+    }
+    mine = Options(provider_options={"CUDAExecutionProvider": {"use_tf32": 1, "device_id": 0}})
+    opts = session_mod.provider_options_for("CUDAExecutionProvider", mine, torch.device("cuda", 1))
+    assert opts["use_tf32"] == "1" and opts["device_id"] == "0"
+    # CPU sessions get none of it
+    assert session_mod.provider_options_for("CPUExecutionProvider", Options(), torch.device("cpu")) == {}
+
+
+def test_tf32_switch_read_from_either_torch_api():
+    """torch's newer ``fp32_precision`` switch decides when set, also after the older API was
+    used (which makes reading the older one raise); run apart, as mixing the two is sticky."""
+    import subprocess
+    import sys
+
+    code = """
+import torch
+from ort_lazy.runtime.session import cuda_tf32
+seen = [cuda_tf32()]
+torch.backends.cuda.matmul.fp32_precision = "tf32"
+seen.append(cuda_tf32())
+torch.set_float32_matmul_precision("highest")
+torch.backends.cuda.matmul.fp32_precision = "ieee"
+seen.append(cuda_tf32())
+torch.backends.cuda.matmul.fp32_precision = "none"
+torch.backends.fp32_precision = "tf32"
+seen.append(cuda_tf32())
+print(seen)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[False, True, False, True]"

@@ -50,6 +50,7 @@ _COUNTER_NAMES = (
     "disk_cache_hits",
     "disk_cache_misses",
     "disk_cache_rejected",
+    "stream_handoffs",
 )
 
 _lock = threading.Lock()

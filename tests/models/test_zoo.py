@@ -33,7 +33,7 @@ import pytest
 import torch
 from torchvision_stub import import_timm
 from zoo import CASES, FAST
-from zoo_runs import Run, TrainingRun, inference, max_relative_grad_error, training
+from zoo_runs import ALL_ON_ORT, Run, TrainingRun, inference, max_relative_grad_error, training
 
 from helpers import assert_close
 from ort_lazy.reasons import Reason
@@ -181,6 +181,50 @@ def test_training_on_ort(name: str) -> None:
     _no_failures(run.counters, run.report)
     assert {"forward", "backward"} <= set(run.shares), run.shares
     assert run.counters["ort_runs"] >= 2, run.report  # the forward and the backward graph
+    _assert_share(name, "training", run)
+
+
+def _cuda_ready() -> bool:
+    if not torch.cuda.is_available():
+        return False
+    import onnxruntime
+
+    return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+
+
+needs_cuda = pytest.mark.skipif(not _cuda_ready(), reason="needs a CUDA GPU and onnxruntime-gpu (CUDAExecutionProvider)")
+
+
+def _on_cuda_provider(run: Run) -> None:
+    from ort_lazy.runtime.session import session_cache
+
+    assert run.counters["ort_runs"] > 0, run.report
+    for session, *_ in session_cache()._items.values():
+        assert session.get_providers()[0] == "CUDAExecutionProvider", session.get_providers()
+
+
+@needs_cuda
+@pytest.mark.parametrize("name", ("bert", "gpt2", "llama", "vit", "resnet"))
+def test_cuda_inference_parity(name: str) -> None:
+    """The zoo's models on the GPU (ORT's CUDA provider) against eager on the GPU."""
+    run = inference(name, "cuda")
+    run.check()
+    _on_cuda_provider(run)
+    for actual, expected in zip(run.actual, run.expected, strict=True):
+        assert actual.device == expected.device
+        assert_close(actual, expected, rtol=1e-4, atol=1e-5)
+    _no_failures(run.counters, run.report)
+    _assert_share(name, "inference", run)
+
+
+@needs_cuda
+@pytest.mark.parametrize("name", ("bert", "gpt2", "llama", "vit", "resnet"))
+def test_cuda_training_parity(name: str) -> None:
+    """One training step on the GPU: loss, every gradient (within 4x eager's own float64 error,
+    measured on the GPU) and every buffer as eager's."""
+    run = training(name, ALL_ON_ORT, "cuda")
+    _on_cuda_provider(run)
+    _assert_training_parity(run)
     _assert_share(name, "training", run)
 
 

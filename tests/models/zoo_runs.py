@@ -136,23 +136,24 @@ def _compiled_run(run: Run, body: Callable[[], None]) -> None:
     torch._dynamo.reset()
 
 
-def _inputs(case: ModelCase) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+def _inputs(case: ModelCase, device: str = "cpu") -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     gen = torch.Generator().manual_seed(0)
-    return case.inputs(gen), case.labels(gen)
+    inputs = {k: v.to(device) for k, v in case.inputs(gen).items()}
+    return inputs, case.labels(gen).to(device)
 
 
 @functools.cache
-def inference(name: str) -> InferenceRun:
-    """Eval mode, no grad: eager outputs, ort-lazy outputs, timings."""
+def inference(name: str, device: str = "cpu") -> InferenceRun:
+    """Eval mode, no grad: eager outputs, ort-lazy outputs, timings (model and inputs on ``device``)."""
     with _one_thread():
-        return _inference(name)
+        return _inference(name, device)
 
 
-def _inference(name: str) -> InferenceRun:
+def _inference(name: str, device: str) -> InferenceRun:
     case = CASES[name]
     run = InferenceRun(name)
-    inputs, _ = _inputs(case)
-    model = case.model().eval()
+    inputs, _ = _inputs(case, device)
+    model = case.model().eval().to(device)
     with torch.no_grad():
         run.expected = outputs_of(case, model(**inputs))
         run.eager_ms = _median_ms(lambda: model(**inputs))
@@ -191,19 +192,20 @@ ALL_ON_ORT: tuple[tuple[str, Any], ...] = (("torch_preferred_ops", ()),)
 
 
 @functools.cache
-def training(name: str, options: tuple[tuple[str, Any], ...] = ALL_ON_ORT) -> TrainingRun:
+def training(name: str, options: tuple[tuple[str, Any], ...] = ALL_ON_ORT, device: str = "cpu") -> TrainingRun:
     """One training step (train mode, loss inside the compiled function): loss and every gradient.
 
-    ``options``: ort-lazy options as (name, value) pairs (``()``: the defaults)."""
+    ``options``: ort-lazy options as (name, value) pairs (``()``: the defaults); ``device``:
+    where the model and its inputs live."""
     with _one_thread():
-        return _training(name, dict(options))
+        return _training(name, dict(options), device)
 
 
-def _training(name: str, options: dict[str, Any]) -> TrainingRun:
+def _training(name: str, options: dict[str, Any], device: str) -> TrainingRun:
     case = CASES[name]
     run = TrainingRun(name)
-    inputs, labels = _inputs(case)
-    eager = case.train_model().train()
+    inputs, labels = _inputs(case, device)
+    eager = case.train_model().train().to(device)
     ort_model = copy.deepcopy(eager)
     f64 = copy.deepcopy(eager).double()
 

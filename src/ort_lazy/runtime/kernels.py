@@ -10,7 +10,8 @@ import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ._ort import kernel_defs
+from .. import metrics
+from ._ort import KernelDefsUnavailableError, kernel_defs
 from .quirks import missing_at_run_time
 
 __all__ = ["KernelRegistry", "kernel_registry", "UnsupportedNode", "unsupported_nodes", "node_bindings", "node_opset", "type_str"]
@@ -94,8 +95,22 @@ def _norm_domain(domain: str) -> str:
 
 @functools.lru_cache(maxsize=1)
 def kernel_registry() -> KernelRegistry:
-    """The installed onnxruntime's kernel registry (read once)."""
-    return KernelRegistry(kernel_defs())
+    """The installed onnxruntime's kernel registry (read once).
+
+    When onnxruntime cannot list its kernels (see :func:`~._ort.kernel_defs`), the registry is
+    empty: every op counts as unknown, and ORT's session creation decides what runs (a region
+    it refuses falls back to PyTorch whole, counted), with one warning.
+    """
+    try:
+        return KernelRegistry(kernel_defs())
+    except KernelDefsUnavailableError as e:
+        metrics.warn_once(
+            "kernel_defs",
+            "ort-lazy: onnxruntime's kernel list could not be read (%s); which ops ORT runs is decided "
+            "when each session is created, and a region ORT refuses runs in PyTorch whole",
+            e,
+        )
+        return KernelRegistry(())
 
 
 @functools.lru_cache(maxsize=4096)

@@ -385,7 +385,8 @@ class TorchScriptGroup(Region):
             self.fall_back("export_failures", Reason.EXPORT_FAILED, e, "could not export TorchScript group")
             return None
         self.dump(self.source, model)
-        device = tensors[0].device if tensors else torch.device("cpu")
+        # the first GPU tensor's device (a CPU scalar may come first), else the CPU
+        device = next((t.device for t in tensors if t.is_cuda), torch.device("cpu"))
         runner = self.open(model, device, self._spinning)
         if runner is None:
             return None

@@ -150,7 +150,10 @@ def provider_options_for(provider: str, options: Options, device: torch.device) 
     """ORT provider options for ``provider`` on ``device``.
 
     For CUDA, the session runs on the device's index and on torch's current stream
-    (``user_compute_stream``), so ORT work is ordered with PyTorch work on that stream.
+    (``user_compute_stream``), so ORT work is ordered with PyTorch work on that stream, and
+    float32 products use TF32 exactly when torch's do (``use_tf32`` follows
+    ``torch.backends.cuda.matmul.allow_tf32``, i.e. ``torch.set_float32_matmul_precision``;
+    ORT's own default is TF32 on, which would make compiled results less precise than eager's).
     """
     opts = {k: str(v) for k, v in options.provider_options.get(provider, {}).items()}
     if provider in ("CUDAExecutionProvider", "TensorrtExecutionProvider") and device.type == "cuda":
@@ -160,7 +163,26 @@ def provider_options_for(provider: str, options: Options, device: torch.device) 
             stream = torch.cuda.current_stream(index).cuda_stream
             opts.setdefault("has_user_compute_stream", "1")
             opts.setdefault("user_compute_stream", str(stream))
+            opts.setdefault("use_tf32", "1" if cuda_tf32() else "0")
     return opts
+
+
+def cuda_tf32() -> bool:
+    """Whether torch lets float32 matrix products on CUDA use TF32 (off by default).
+
+    torch has two switches: ``torch.backends.cuda.matmul.fp32_precision`` (``"tf32"`` /
+    ``"ieee"``, or ``"none"`` to inherit ``torch.backends.fp32_precision``) and the older
+    ``allow_tf32`` / ``torch.set_float32_matmul_precision``; the newer one decides when set.
+    Reading the older one raises once both were used, so it is read last.
+    """
+    for holder in (torch.backends.cuda.matmul, torch.backends):
+        precision = getattr(holder, "fp32_precision", None)
+        if precision in ("tf32", "ieee"):
+            return precision == "tf32"
+    try:
+        return bool(torch.backends.cuda.matmul.allow_tf32)
+    except RuntimeError:  # both APIs used and neither new one set: torch's own default
+        return False
 
 
 def create_session(
@@ -283,7 +305,8 @@ class OrtRunner:
         # a session holds shared initializers' memory (and prepacked copies of it): one per
         # version of each tensor
         shared = tuple((n, t.data_ptr(), t._version) for n, t in sorted((initializers or {}).items()))
-        key = (model.digest, options.key(), devkey, stream, spinning, threads, shared)
+        tf32 = cuda_tf32() if device.type == "cuda" else None
+        key = (model.digest, options.key(), devkey, stream, tf32, spinning, threads, shared)
         cache = session_cache(options.cache_size)
         self.session, self.providers = cache.get_or_create(
             key, lambda: create_session(model, options, device, spinning, threads, initializers)
@@ -293,6 +316,8 @@ class OrtRunner:
         self._cpu_device = _ort.c_device("cpu", 0)
         self._torch_device = torch.device(*devkey) if devkey[0] == "cuda" else torch.device("cpu")
         self._run_options = onnxruntime().RunOptions()
+        #: the CUDA stream the session runs on (None on CPU)
+        self._stream = stream
         self._local = threading.local()
         # binding plans worked out once: (name, spec, ORT element type); None type = ORT allocates
         self._input_plan = [(n, s, NUMPY_TYPES.get(s.dtype)) for n, s in zip(model.input_names, model.input_specs)]
@@ -300,6 +325,12 @@ class OrtRunner:
             (n, s, NUMPY_TYPES.get(s.dtype) if s.static else None) for n, s in zip(model.output_names, model.output_specs)
         ]
         self._dynamic_outputs = any(t is None for _, _, t in self._output_plan)
+        if stream is not None and not self._dynamic_outputs:
+            # Every output is a torch tensor ORT writes on the stream torch orders its work on,
+            # so the run needs no wait for the GPU at its end (ORT's default), and the caller's
+            # next ops queue behind it. Outputs ORT allocates itself keep the wait: its arena
+            # is not ordered by torch's stream.
+            self._run_options.add_run_config_entry("disable_synchronize_execution_providers", "1")
         self._tick = metrics.ticker("ort_runs")
         # a multi-threaded CPU run parks PyTorch's idle OpenMP workers (threads.parking)
         ort_threads = int(options.session_options.get("intra_op_num_threads", threads) or 0)  # 0: ORT's default
@@ -332,6 +363,24 @@ class OrtRunner:
         except Exception as e:
             self._reset(binding)
             raise OrtRunError(f"ORT run failed for {self.model.name}: {e}") from e
+
+    def _run_cuda(self, binding: Any) -> None:
+        """Run on the session's stream, ordered after the caller's current stream's work.
+
+        A session is bound to the stream that was current when it was created; called under
+        another stream (``with torch.cuda.stream(s)``), ORT's stream first waits for the
+        caller's (which produced the inputs), and the caller's then waits for ORT's (which
+        writes the outputs), so neither side reads memory the other has not finished with.
+        """
+        current = torch.cuda.current_stream(self._torch_device)
+        if current.cuda_stream == self._stream:
+            self._sess.run_with_iobinding(binding, self._run_options)
+            return
+        own = torch.cuda.ExternalStream(self._stream, device=self._torch_device)
+        own.wait_stream(current)
+        self._sess.run_with_iobinding(binding, self._run_options)
+        current.wait_stream(own)
+        metrics.increment("stream_handoffs")
 
     def _reset(self, binding: Any) -> None:
         binding.clear_binding_inputs()
@@ -388,6 +437,8 @@ class OrtRunner:
         if self._parked is not None:
             if self._parked(self._sess.run_with_iobinding, binding, self._run_options):
                 self._tick_parked()
+        elif self._stream is not None:
+            self._run_cuda(binding)
         else:
             self._sess.run_with_iobinding(binding, self._run_options)
         if self._dynamic_outputs:

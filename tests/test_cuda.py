@@ -1,0 +1,320 @@
+"""CUDA: parity with eager on the GPU, forward and backward, with ORT's CUDA execution provider.
+
+Skipped unless torch sees a GPU and the installed onnxruntime has ``CUDAExecutionProvider``
+(``onnxruntime-gpu``; ``python build.py --use_cuda``). ``ci/gpu_check.sh`` runs these on a CUDA
+machine. Every test compares with eager PyTorch on the same GPU and proves ORT ran there (its
+sessions hold the CUDA provider), so a silent fallback to PyTorch or to ORT's CPU provider
+cannot pass. What needs no GPU (provider options, the TF32 switch, the cache key) is tested in
+``test_runtime.py`` on every machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from helpers import assert_close, assert_ran_on_ort, compile_ort, train_parity
+from ort_lazy import metrics
+
+
+def _cuda_provider() -> bool:
+    try:
+        import onnxruntime
+    except ImportError:
+        return False
+    return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+
+
+pytestmark = pytest.mark.skipif(
+    not (torch.cuda.is_available() and _cuda_provider()),
+    reason="needs a CUDA GPU and onnxruntime-gpu (CUDAExecutionProvider)",
+)
+
+DEV = "cuda"
+
+
+def _cuda_sessions() -> list[object]:
+    """The cached ORT sessions; each must run on the CUDA provider."""
+    from ort_lazy.runtime.session import session_cache
+
+    sessions = [v[0] for v in session_cache()._items.values()]
+    assert sessions, "no ORT session was created"
+    for s in sessions:
+        assert s.get_providers()[0] == "CUDAExecutionProvider", s.get_providers()
+    return sessions
+
+
+@contextlib.contextmanager
+def _tf32(matmul: bool) -> Iterator[None]:
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = matmul
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+FLOATS = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
+INTS = [torch.int64, torch.int32]
+
+
+def _float_fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    h = torch.nn.functional.gelu(x @ w) + x.sum(-1, keepdim=True) / 3
+    return torch.softmax(h, -1) * torch.tanh(h) - h.mean()
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_float_forward_backward(dtype):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 16, generator=gen).to(DEV, dtype)
+    w = (torch.randn(16, 16, generator=gen) / 4).to(DEV, dtype)
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    xo, wo = x.clone().requires_grad_(), w.clone().requires_grad_()
+    expected = _float_fn(xr, wr)
+    actual = compile_ort(_float_fn)(xo, wo)
+    assert actual.device == expected.device
+    tol = {torch.float16: 2e-2, torch.bfloat16: 5e-2}.get(dtype, 1e-4)
+    assert_close(actual.detach(), expected.detach(), rtol=tol, atol=tol)
+    expected.pow(2).sum().backward()
+    actual.pow(2).sum().backward()
+    assert_close(xo.grad, xr.grad, rtol=tol, atol=tol)
+    assert_close(wo.grad, wr.grad, rtol=tol, atol=tol)
+    c = assert_ran_on_ort(2)  # forward and backward
+    assert c["ort_failures"] == 0, metrics.fallbacks()
+    _cuda_sessions()
+
+
+@pytest.mark.parametrize("dtype", INTS, ids=str)
+def test_int_forward(dtype):
+    def f(a, b):
+        return ((a * b + a) // 3 - b).abs().sum(-1) + torch.where(a > b, a, b).max(-1).values
+
+    a = torch.randint(-50, 50, (6, 7), device=DEV, dtype=dtype)
+    b = torch.randint(1, 9, (6, 7), device=DEV, dtype=dtype)
+    actual = compile_ort(f)(a, b)
+    assert torch.equal(actual, f(a, b))
+    c = assert_ran_on_ort()
+    assert c["ort_failures"] == 0
+    _cuda_sessions()
+
+
+def test_bool():
+    def f(a, b):
+        return ((a & b) | ~a) ^ (a.int() > 0)
+
+    a = torch.rand(5, 9, device=DEV) > 0.5
+    b = torch.rand(5, 9, device=DEV) > 0.3
+    actual = compile_ort(f)(a, b)
+    assert torch.equal(actual, f(a, b))
+    c = metrics.counters()
+    # ran on ORT, or left to PyTorch up front with a counted reason; never a failed session
+    assert c["ort_runs"] > 0 or c["fallback_ops"] > 0, c
+    assert c["ort_failures"] == 0
+
+
+def test_mlp_training():
+    def make():
+        return torch.nn.Sequential(
+            torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.LayerNorm(64), torch.nn.Linear(64, 10)
+        ).to(DEV)
+
+    x = torch.randn(16, 32, device=DEV)
+    train_parity(make, [x], steps=3)
+    assert_ran_on_ort(6)
+    _cuda_sessions()
+
+
+def test_transformer_layer_training():
+    def make():
+        return torch.nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True).to(DEV)
+
+    x = torch.randn(4, 12, 64, device=DEV)
+    train_parity(make, [x], steps=2, rtol=1e-3, atol=1e-4)
+    assert_ran_on_ort(4)
+    _cuda_sessions()
+
+
+def test_cnn_training():
+    def make():
+        return torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+            torch.nn.MaxPool2d(2), torch.nn.Conv2d(8, 8, 3), torch.nn.AdaptiveAvgPool2d(1),
+            torch.nn.Flatten(), torch.nn.Linear(8, 5),
+        ).to(DEV)
+
+    x = torch.randn(4, 3, 16, 16, device=DEV)
+    # eager convolutions may use TF32 (torch.backends.cudnn.allow_tf32, on by default)
+    train_parity(make, [x], steps=2, rtol=5e-3, atol=1e-3, torch_preferred_ops=())
+    assert_ran_on_ort(4)
+    _cuda_sessions()
+
+
+@pytest.mark.parametrize("allow", [False, True], ids=["fp32", "tf32"])
+def test_float32_products_follow_torchs_tf32_setting(allow):
+    """ORT's CUDA provider uses TF32 unless told otherwise; torch does not by default. A
+    compiled product is as precise as eager's when torch forbids TF32."""
+
+    def f(a, b):
+        return a @ b
+
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(256, 1024, generator=gen).to(DEV)
+    b = torch.randn(1024, 256, generator=gen).to(DEV)
+    exact = a.double() @ b.double()
+    with _tf32(allow):
+        actual = compile_ort(f)(a, b)
+        eager = f(a, b)
+    (session,) = _cuda_sessions()
+    assert session.get_provider_options()["CUDAExecutionProvider"]["use_tf32"] == ("1" if allow else "0")
+    err = float((actual.double() - exact).abs().max() / exact.abs().max())
+    eager_err = float((eager.double() - exact).abs().max() / exact.abs().max())
+    if not allow:
+        assert err < 1e-5, (err, eager_err)  # TF32 is ~1e-3 off here
+        assert eager_err < 1e-5
+
+
+def test_runs_on_torchs_current_stream():
+    def f(x):
+        return torch.relu(x) * 2 + 1
+
+    x = torch.randn(64, 64, device=DEV)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        out = compile_ort(f)(x)
+    (session,) = _cuda_sessions()
+    opts = session.get_provider_options()["CUDAExecutionProvider"]
+    assert opts["has_user_compute_stream"] == "1"
+    assert int(opts["user_compute_stream"]) == side.cuda_stream
+    torch.cuda.synchronize()
+    assert_close(out, f(x))
+
+
+def _slow_producer(x: torch.Tensor, rounds: int = 30) -> torch.Tensor:
+    """Enough GPU work (about tens of ms) that a consumer not ordered after it reads stale data."""
+    big = torch.randn(2048, 2048, device=x.device)
+    for _ in range(rounds):
+        big = torch.tanh(big @ big / 2048)
+    return x + big[: x.shape[0], : x.shape[1]] * 0 + 1
+
+
+def test_call_under_another_stream_waits_for_its_work():
+    """A session made under one stream, called under another whose kernels produce the input:
+    ORT's stream waits for the caller's, and the caller's for ORT's outputs."""
+
+    def f(x):
+        return torch.relu(x) * 2 + 1
+
+    compiled = compile_ort(f)
+    x = torch.randn(256, 256, device=DEV)
+    assert_close(compiled(x), f(x))  # the session lives on the default stream
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    for _ in range(3):
+        with torch.cuda.stream(side):
+            y = _slow_producer(x)
+            out = compiled(y)
+            out = out * 1  # consumed on the side stream right away
+        with torch.cuda.stream(side):
+            expected = f(y)
+        torch.cuda.synchronize()
+        assert_close(out, expected)
+    assert metrics.counters()["stream_handoffs"] == 3
+    assert metrics.counters()["sessions_created"] == 1
+
+
+def test_outputs_ordered_without_host_wait():
+    """ORT's end-of-run GPU wait is off for torch-owned outputs; torch's next kernels on the same
+    stream still see the finished values."""
+
+    def f(x):
+        return (x @ x).relu() + 1
+
+    compiled = compile_ort(f)
+    for _ in range(3):
+        x = _slow_producer(torch.randn(512, 512, device=DEV), rounds=10)
+        out = compiled(x).sum()
+        assert_close(out, f(x).sum(), rtol=1e-4, atol=1e-4)
+
+
+def test_mixed_device_inputs():
+    def f(x, scale):
+        return x * scale + x.sum()
+
+    x = torch.randn(4, 8, device=DEV)
+    scale = torch.tensor(3.0)  # a CPU scalar tensor with a CUDA one: allowed in eager
+    actual = compile_ort(f)(x, scale)
+    assert actual.device == x.device
+    assert_close(actual, f(x, scale))
+
+
+def test_session_cache_by_input_schema():
+    def f(x):
+        return torch.sigmoid(x) * x
+
+    compiled = compile_ort(f)
+    for shape in [(4, 8), (4, 8), (4, 8)]:
+        x = torch.randn(*shape, device=DEV)
+        assert_close(compiled(x), f(x))
+    c = metrics.counters()
+    assert c["sessions_created"] == 1, c
+    assert c["ort_runs"] == 3
+
+
+def test_cpu_and_cuda_calls_of_one_function():
+    def f(x):
+        return torch.cos(x) + x * x
+
+    compiled = compile_ort(f)
+    for device in ("cpu", DEV, "cpu", DEV):
+        x = torch.randn(3, 5, device=device)
+        out = compiled(x)
+        assert out.device == x.device
+        assert_close(out, f(x))
+    assert_ran_on_ort(4)
+
+
+def test_inference_under_no_grad_and_half_model():
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.SiLU(), torch.nn.Linear(64, 8))
+    model = model.to(DEV).half().eval()
+    x = torch.randn(5, 32, device=DEV, dtype=torch.float16)
+    with torch.no_grad():
+        expected = model(x)
+        actual = compile_ort(model)(x)
+    assert_close(actual, expected, rtol=2e-2, atol=2e-2)
+    assert_ran_on_ort()
+    _cuda_sessions()
+
+
+def test_changed_weight_between_calls():
+    model = torch.nn.Linear(16, 4).to(DEV).eval()
+    compiled = compile_ort(model)
+    x = torch.randn(3, 16, device=DEV)
+    with torch.no_grad():
+        assert_close(compiled(x), model(x))
+        model.weight.mul_(2)
+        assert_close(compiled(x), model(x))
+
+
+def test_torchscript_graph_on_cuda():
+    from ort_lazy.frontends import jit as jit_frontend
+
+    try:
+        jit_frontend.load_bridge()
+    except jit_frontend.BridgeUnavailableError as e:
+        pytest.skip(f"bridge not built: {e}")
+    import ort_lazy.jit
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).to(DEV).eval()
+    x = torch.randn(5, 8, device=DEV)
+    traced = torch.jit.trace(model, x)
+    with torch.no_grad():
+        expected = model(x)
+        with ort_lazy.jit.enable():
+            for _ in range(3):  # the profiling runs, then ORT
+                actual = traced(x)
+    assert_close(actual, expected)
+    assert_ran_on_ort()
+    _cuda_sessions()
