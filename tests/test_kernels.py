@@ -10,14 +10,20 @@ import torch
 
 from helpers import assert_close, compile_ort
 from ort_lazy import metrics
+from ort_lazy.reasons import Reason
 from ort_lazy.runtime import _ort, kernels
 
 
 @pytest.fixture
 def fresh_registry():
+    """A registry read anew, and support answers learnt anew (they were learnt from it)."""
+    from ort_lazy import support
+
     kernels.kernel_registry.cache_clear()
+    support._probe_tables.clear()
     yield
     kernels.kernel_registry.cache_clear()
+    support._probe_tables.clear()
 
 
 def _rows(defs):
@@ -72,7 +78,7 @@ def test_without_a_kernel_list_sessions_decide(monkeypatch, fresh_registry, capl
     metrics.reset()
     with caplog.at_level(logging.WARNING, logger="ort_lazy"):
         registry = kernels.kernel_registry()
-    assert not registry.knows("", "Add")
+    assert not registry.knows("", "Add") and not registry.complete
     assert any("kernel list could not be read" in r.getMessage() for r in caplog.records)
 
     def f(x):
@@ -83,9 +89,27 @@ def test_without_a_kernel_list_sessions_decide(monkeypatch, fresh_registry, capl
     assert metrics.counters()["ort_runs"] >= 1
 
     def g(a, b):
-        return a + b  # bool Add: translated to Add(bool), which ORT has no kernel for
+        return a * b  # bfloat16 Mul: ORT's CPU provider has no kernel for it
 
-    a, b = torch.tensor([True, False]), torch.tensor([True, True])
+    a, b = torch.randn(4, dtype=torch.bfloat16), torch.randn(4, dtype=torch.bfloat16)
     assert torch.equal(compile_ort(g)(a, b), g(a, b))
-    c = metrics.counters()
-    assert c["ort_failures"] + c["fallback_ops"] >= 1, c
+    # refused up front by a probe session, as the kernel list would have refused it
+    fb = metrics.fallbacks()
+    assert "aten.mul.Tensor" in fb and any(r.startswith(Reason.NO_KERNEL) for r in fb["aten.mul.Tensor"]), fb
+    assert metrics.counters()["ort_failures"] == 0
+
+
+def test_session_refusal_names_the_missing_kernel():
+    import onnx
+    from onnx import TensorProto, helper
+
+    def add(elem: int) -> bytes:
+        x = helper.make_tensor_value_info("x", elem, [2])
+        y = helper.make_tensor_value_info("y", elem, [2])
+        graph = helper.make_graph([helper.make_node("Add", ["x", "x"], ["y"])], "g", [x], [y])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+    assert kernels.session_refusal(add(TensorProto.FLOAT), ["CPUExecutionProvider"]) is None
+    refusal = kernels.session_refusal(add(TensorProto.BFLOAT16), ["CPUExecutionProvider"])
+    assert refusal is not None and "Add" in refusal, refusal
+    assert onnx  # the helper module comes with onnx

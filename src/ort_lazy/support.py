@@ -525,7 +525,8 @@ def _translation_problem(model: Any, providers: tuple[str, ...]) -> str | None:
     import onnx_ir as ir
 
     from .export.fx import reinfer_types
-    from .runtime.kernels import unsupported_nodes
+    from .runtime.kernels import kernel_registry, session_refusal, unsupported_nodes
+    from .runtime.session import _clamp_ir_version
 
     bad = unsupported_nodes(model, providers)
     if not bad:
@@ -538,4 +539,8 @@ def _translation_problem(model: Any, providers: tuple[str, ...]) -> str | None:
         bad = unsupported_nodes(ir.serde.deserialize_model(inferred), providers)
     if bad:
         return f"{Reason.NO_KERNEL}: " + ", ".join(sorted({b.describe() for b in bad}))
+    if not kernel_registry().complete:  # no kernel list to check against: ask ORT itself
+        refusal = session_refusal(_clamp_ir_version(inferred.SerializeToString()), providers)
+        if refusal is not None:
+            return f"{Reason.NO_KERNEL}: {refusal}"
     return None

@@ -14,7 +14,16 @@ from .. import metrics
 from ._ort import KernelDefsUnavailableError, kernel_defs
 from .quirks import missing_at_run_time
 
-__all__ = ["KernelRegistry", "kernel_registry", "UnsupportedNode", "unsupported_nodes", "node_bindings", "node_opset", "type_str"]
+__all__ = [
+    "KernelRegistry",
+    "kernel_registry",
+    "UnsupportedNode",
+    "unsupported_nodes",
+    "session_refusal",
+    "node_bindings",
+    "node_opset",
+    "type_str",
+]
 
 _MAX = 2**31 - 1
 # ORT's CPU provider inserts Cast nodes around float16 ops that only have float kernels
@@ -39,7 +48,10 @@ class UnsupportedNode:
 class KernelRegistry:
     """Kernel definitions by (domain, op type, provider)."""
 
-    def __init__(self, defs: Iterable[object]) -> None:
+    def __init__(self, defs: Iterable[object], complete: bool = True) -> None:
+        #: False when onnxruntime's kernel list could not be read: nothing is known, and
+        #: whether ORT runs a graph is learnt by creating a session for it
+        self.complete = complete
         self._defs: dict[tuple[str, str, str], list[tuple[int, int, dict[str, set[str]]]]] = {}
         for d in defs:
             domain = _norm_domain(d.domain)  # type: ignore[attr-defined]
@@ -98,19 +110,40 @@ def kernel_registry() -> KernelRegistry:
     """The installed onnxruntime's kernel registry (read once).
 
     When onnxruntime cannot list its kernels (see :func:`~._ort.kernel_defs`), the registry is
-    empty: every op counts as unknown, and ORT's session creation decides what runs (a region
-    it refuses falls back to PyTorch whole, counted), with one warning.
+    empty and marked incomplete: the support table then asks ORT itself, by creating a session
+    for each probe graph (see :func:`session_refusal`), with one warning.
     """
     try:
         return KernelRegistry(kernel_defs())
     except KernelDefsUnavailableError as e:
         metrics.warn_once(
             "kernel_defs",
-            "ort-lazy: onnxruntime's kernel list could not be read (%s); which ops ORT runs is decided "
-            "when each session is created, and a region ORT refuses runs in PyTorch whole",
+            "ort-lazy: onnxruntime's kernel list could not be read (%s); which ops ORT runs is learnt "
+            "by creating a session for each op probed (slower first compiles)",
             e,
         )
-        return KernelRegistry(())
+        return KernelRegistry((), complete=False)
+
+
+def session_refusal(model_bytes: bytes, providers: Sequence[str]) -> str | None:
+    """ORT's error creating a session for ``model_bytes`` on ``providers`` (first line), or None
+    when it loads: the kernel check when the registry is incomplete."""
+    from .flavour import onnxruntime
+    from .quirks import disabled_optimizers
+
+    ort = onnxruntime()
+    so = ort.SessionOptions()
+    so.log_severity_level = 4
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        ort.InferenceSession(
+            model_bytes, sess_options=so, providers=list(providers),
+            disabled_optimizers=disabled_optimizers(model_bytes, tuple(providers)),
+        )
+    except Exception as e:
+        text = str(e).strip().splitlines()
+        return (text[0] if text else type(e).__name__)[:200]
+    return None
 
 
 @functools.lru_cache(maxsize=4096)
