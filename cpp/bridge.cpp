@@ -64,6 +64,7 @@ struct Callbacks {
   py::object* factory = nullptr;  // factory(graph, name) -> object with run(list) -> list | None
   py::object* on_torch_run = nullptr;  // on_torch_run(reason) -> None
   py::object* fatal = nullptr;  // exception type(s) a group run must raise, not fall back on
+  py::object* rejected = nullptr;  // rejected(op, overload, why) -> None: turned down in C++
 };
 Callbacks g_cb;
 std::atomic<bool> g_enabled{false};
@@ -159,19 +160,40 @@ std::shared_ptr<Graph> single_node_graph(Node* node) {
 // node such as max_pool2d_with_indices trips its assertion), and LTC's
 // aten::ScalarImplicit alpha would otherwise become a Scalar group input the fuser cannot
 // handle.  Then Python decides from the shared table.
+// Tells Python why an aten node was turned down before the support callback saw it (so
+// metrics and explain list it), then returns false.
+bool reject(const Node* node, const c10::FunctionSchema* schema, const char* why) {
+  if (g_cb.rejected == nullptr) return false;
+  py::gil_scoped_acquire gil;
+  try {
+    std::string name = schema ? schema->name() : std::string(node->kind().toQualString());
+    std::string overload = schema ? schema->overload_name() : std::string();
+    (*g_cb.rejected)(name, overload, why);
+  } catch (py::error_already_set& e) {
+    e.discard_as_unraisable(__func__);
+  }
+  return false;
+}
+
 bool is_supported(Node* node) {
-  if (!node->kind().is_aten() || node->outputs().size() != 1) {
+  if (!node->kind().is_aten()) {
     return false;
   }
   const c10::FunctionSchema* schema = node->maybeSchema();
-  if (schema == nullptr || schema->is_mutable()) {
-    return false;
+  if (node->outputs().size() != 1) {
+    return reject(node, schema, "outputs");
+  }
+  if (schema == nullptr) {
+    return reject(node, schema, "schema");
+  }
+  if (schema->is_mutable()) {
+    return reject(node, schema, "mutable");
   }
   for (const Value* out : node->outputs()) {
-    if (!is_tensor(out)) return false;
+    if (!is_tensor(out)) return reject(node, schema, "output");
   }
   for (const Value* in : node->inputs()) {
-    if (!is_tensor(in) && in->node()->kind() != c10::prim::Constant) return false;
+    if (!is_tensor(in) && in->node()->kind() != c10::prim::Constant) return reject(node, schema, "scalar");
   }
   py::gil_scoped_acquire gil;
   std::ostringstream key;
@@ -179,7 +201,7 @@ bool is_supported(Node* node) {
   py::list inputs;
   for (const Value* in : node->inputs()) {
     py::object d = describe_input(in, key);
-    if (d.is_none()) return false;
+    if (d.is_none()) return reject(node, schema, "untyped");
     inputs.append(d);
   }
   try {
@@ -540,16 +562,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "TorchScript fusion pass and ort::CompilationGroup operator for ort-lazy";
   m.def(
       "install",
-      [](py::object support, py::object factory, py::object on_torch_run, py::object fatal) {
+      [](py::object support, py::object factory, py::object on_torch_run, py::object fatal,
+         py::object rejected) {
         // Replaced callables are leaked: a graph being optimized may still hold them.
         g_cb.support = new py::object(std::move(support));
         g_cb.factory = new py::object(std::move(factory));
         g_cb.on_torch_run = new py::object(std::move(on_torch_run));
         g_cb.fatal = new py::object(std::move(fatal));
+        g_cb.rejected = rejected.is_none() ? nullptr : new py::object(std::move(rejected));
       },
       py::arg("support"), py::arg("factory"), py::arg("on_torch_run"), py::arg("fatal") = py::tuple(),
-      "Install the support predicate, the group runner factory, the fallback hook and the "
-      "exception types a group run raises instead of falling back.");
+      py::arg("rejected") = py::none(),
+      "Install the support predicate, the group runner factory, the fallback hook, the "
+      "exception types a group run raises instead of falling back, and the hook told of "
+      "aten nodes the fusion pass turns down before asking the predicate.");
   m.def("set_enabled", [](bool on) { g_enabled.store(on); },
         "Turn the fusion pass and ORT execution of groups on or off (process-wide).");
   m.def("is_enabled", [] { return g_enabled.load(); });

@@ -97,6 +97,36 @@ def test_ops_reading_one_value_twice_run_on_ort(ort_jit):
     assert "aten::" not in top, top
 
 
+def test_nodes_the_fusion_pass_turns_down_are_counted(ort_jit):
+    """A node the bridge's C++ fusion predicate turns down before asking Python (several
+    outputs, a scalar input computed in the graph, a non-tensor output) is a fallback with its
+    reason in metrics, like every other op left to TorchScript; the rest still runs on ORT."""
+    import torch.nn.functional as F
+
+    from ort_lazy.reasons import Reason
+
+    def f(x: torch.Tensor, n: int) -> torch.Tensor:
+        y, idx = F.max_pool2d_with_indices(x, 2)
+        return torch.relu(y) * 2 + idx.float() + x.sum() * float(n)
+
+    fn = torch.jit.script(f)
+    x = torch.randn(1, 2, 8, 8)
+    for _ in range(3):
+        out = fn(x, 3)
+    assert torch.equal(out, f(x, 3))
+    assert metrics.counters()["ort_runs"] > 0
+    fb = metrics.fallbacks()
+    expected = {
+        "aten.max_pool2d_with_indices.default": "several outputs",
+        "aten.mul.Scalar": "a scalar input computed in the graph",
+        "aten.Float.Scalar": "a non-tensor output",
+    }
+    for op, detail in expected.items():
+        assert op in fb, fb
+        (reason,) = fb[op]
+        assert reason.startswith(Reason.UNFUSABLE) and detail in reason, reason
+
+
 def test_script_with_grad_from_the_start(ort_jit):
     fn = _fresh_seed()
     for step in range(4):

@@ -23,6 +23,7 @@ class Reason:
     MUTATION = "mutates its input in place (kept in PyTorch)"
     SMALL_REGION = "region smaller than min_block_size"
     AUTOTUNE = "PyTorch was faster for this region (autotune)"
+    UNFUSABLE = "TorchScript's fusion pass cannot group this node"
 
 
 #: a suggested fix per reason (matched as a prefix: reasons may carry details)
@@ -42,6 +43,8 @@ SUGGESTIONS = {
     Reason.SMALL_REGION: "lower min_block_size / ORT_LAZY_MIN_BLOCK_SIZE",
     Reason.MUTATION: "nothing to do: in-place updates of graph inputs (e.g. BatchNorm running stats) stay in PyTorch",
     Reason.AUTOTUNE: "nothing to do: PyTorch measured faster for this region",
+    Reason.UNFUSABLE: "nothing to do on the TorchScript / LazyTensor front doors; torch.compile(backend='ort') "
+    "runs such nodes on ORT",
 }
 
 

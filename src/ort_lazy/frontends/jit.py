@@ -19,6 +19,7 @@ from .. import _compat, metrics, support
 from ..debug.compare import MismatchError
 from ..export.torchscript import export_torchscript
 from ..options import Options
+from ..reasons import Reason
 from ..runtime import bridge
 from ..runtime.bridge import BridgeUnavailableError, bridge_info, load_bridge
 from ..runtime.region import TorchScriptGroup
@@ -71,8 +72,27 @@ def _on_torch_run(group: str, reason: str) -> None:
     metrics.increment("torch_runs")
 
 
+#: why the bridge's fusion pass turned an aten node down before asking :func:`_support`
+_REJECTED = {
+    "outputs": f"{Reason.UNFUSABLE}: several outputs (the fuser groups single-output nodes)",
+    "output": f"{Reason.UNFUSABLE}: a non-tensor output",
+    "scalar": f"{Reason.UNFUSABLE}: a scalar input computed in the graph, not a constant",
+    "untyped": f"{Reason.UNFUSABLE}: an input without a profiled dtype and rank",
+    "schema": f"{Reason.UNFUSABLE}: no operator schema",
+    "mutable": Reason.MUTATION,
+}
+
+
+def _rejected(op: str, overload: str, why: str) -> None:
+    """Records an aten node the fusion pass turned down before the support predicate."""
+    if bridge.options() is None:
+        return
+    name = f"{op.replace('::', '.')}.{overload or 'default'}"
+    metrics.record_fallback(name, _REJECTED.get(why, f"{Reason.UNFUSABLE}: {why}"))
+
+
 def _install(module: ModuleType) -> None:
-    module.install(_support, _make_group, _on_torch_run, (MismatchError,))
+    module.install(_support, _make_group, _on_torch_run, (MismatchError,), _rejected)
 
 
 bridge.set_installer(_install)
