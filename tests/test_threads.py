@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from helpers import assert_close, assert_ran_on_ort, compile_ort
+from helpers import assert_close, assert_ran_on_ort, compile_ort, take_sessions
 from ort_lazy import metrics
 from ort_lazy.runtime.bridge import BridgeUnavailableError, load_bridge
 from ort_lazy.runtime.threads import parking
@@ -141,6 +141,18 @@ def test_multi_threaded_runs_are_parked_single_threaded_ones_not() -> None:
     assert_close(compile_ort(lambda a: torch.relu(a) + 1)(small), torch.relu(small) + 1)
     counts = assert_ran_on_ort()  # a small region runs on one ORT thread: nothing to park
     assert counts["parked_runs"] == 0
+
+    # 134 MFLOP: two ORT threads, but too short a run to gain from parking
+    medium = torch.randn(256, 512)
+    f = compile_ort(lambda a: torch.relu(a @ w))
+    f(medium)
+    metrics.reset()
+    for _ in range(3):
+        hot.add_(1)
+        assert_close(f(medium), torch.relu(medium @ w))
+    counts = assert_ran_on_ort(3)
+    assert counts["parked_runs"] == 0, counts
+    assert [s.get_session_options().intra_op_num_threads for s in take_sessions()][-1] == torch.get_num_threads()
 
 
 @linux_openmp

@@ -31,7 +31,7 @@ from ..options import Options
 from ..reasons import Reason
 from ..specs import OrtModel
 from .session import ORT_DEVICES, OrtInputError, OrtRunError, OrtRunner
-from .threads import region_threads
+from .threads import region_plan
 
 __all__ = ["Region", "OrtRegion", "TorchScriptGroup", "open_runner", "ops_text", "report_fallback", "dump", "compute_ops"]
 
@@ -52,15 +52,16 @@ def open_runner(
     spinning: bool,
     weights: dict[int, torch.Tensor] | None = None,
 ) -> OrtRunner:
-    """An :class:`OrtRunner` for ``model`` with the thread count the region's size calls for;
+    """An :class:`OrtRunner` for ``model`` with the thread count and parking the region's size
+    calls for (:func:`~.threads.region_plan`);
     ``weights`` (by graph position) back the model's external initializers.
 
     Raises:
         OrtRunError: the session could not be created.
     """
-    threads = region_threads(model.model_bytes) if device.type == "cpu" else None
+    threads, park = region_plan(model.model_bytes) if device.type == "cpu" else (None, False)
     initializers = {name: weights[pos] for name, pos in model.external.items()} if weights and model.external else None
-    return OrtRunner(model, options, device, spinning=spinning, threads=threads, initializers=initializers)
+    return OrtRunner(model, options, device, spinning=spinning, threads=threads, initializers=initializers, park=park)
 
 
 def report_fallback(name: str, ops: Sequence[str], counter: str, reason: str, error: BaseException, what: str) -> None:

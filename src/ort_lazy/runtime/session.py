@@ -274,7 +274,9 @@ class OrtRunner:
 
     ``spinning``: ORT's threads spin within a run (and park when it ends). ``threads``: ORT
     intra-op threads on CPU (None: PyTorch's count; ``session_options`` overrides both).
-    ``initializers``: the tensors behind the model's external initializers.
+    ``initializers``: the tensors behind the model's external initializers. ``park``: a
+    multi-threaded CPU run parks PyTorch's busy-waiting workers (with ``park_torch_threads``;
+    off for regions too short to gain from it, see :data:`~.threads.PARK_REGION_FLOPS`).
     """
 
     def __init__(
@@ -286,6 +288,7 @@ class OrtRunner:
         spinning: bool = False,
         threads: int | None = None,
         initializers: dict[str, torch.Tensor] | None = None,
+        park: bool = True,
     ) -> None:
         self.model = model
         self.options = options
@@ -335,7 +338,7 @@ class OrtRunner:
         # a multi-threaded CPU run parks PyTorch's idle OpenMP workers (threads.parking)
         ort_threads = int(options.session_options.get("intra_op_num_threads", threads) or 0)  # 0: ORT's default
         self._parked = None
-        if device.type == "cpu" and options.park_torch_threads and ort_threads != 1:
+        if device.type == "cpu" and options.park_torch_threads and park and ort_threads != 1:
             self._parked = parking()
         self._tick_parked = metrics.ticker("parked_runs")
 

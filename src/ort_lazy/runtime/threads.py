@@ -19,10 +19,19 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["SMALL_REGION_FLOPS", "estimated_flops", "region_threads", "parking"]
+__all__ = ["SMALL_REGION_FLOPS", "PARK_REGION_FLOPS", "estimated_flops", "region_threads", "region_plan", "parking"]
 
 #: Regions estimated below this many floating-point operations per call run on one ORT thread.
 SMALL_REGION_FLOPS = 16e6
+
+#: Multi-threaded regions estimated below this many floating-point operations per call run
+#: without parking PyTorch's workers (:func:`parking`). A parked run opens an OpenMP region,
+#: after which the workers busy-wait again, so back-to-back calls park every time (20-70 us
+#: each); a short run gains less from parked workers than that costs. 2-core AMD EPYC, MLPs
+#: (3 layers, batch 64, separate processes, alone / right after a 512x512 torch matmul):
+#: 68 MFLOP (0.45 ms) 449 / 476 us unparked vs 494 / 557 parked; 150 MFLOP about equal;
+#: 270 MFLOP (1.7 ms) 1716 / 2061 vs 1752 / 1833; 600 MFLOP 3.1 / 5.2 ms vs 3.1 / 3.3 ms.
+PARK_REGION_FLOPS = 2e8
 
 _MATMULS = {"MatMul", "Gemm", "FusedMatMul"}
 _CONVS = {"Conv", "ConvTranspose"}
@@ -71,8 +80,19 @@ def estimated_flops(model_bytes: bytes) -> float | None:
 
 def region_threads(model_bytes: bytes) -> int | None:
     """ORT intra-op threads for a model: 1 for small ones, None (PyTorch's count) otherwise."""
+    return region_plan(model_bytes)[0]
+
+
+def region_plan(model_bytes: bytes) -> tuple[int | None, bool]:
+    """(ORT intra-op threads, whether its runs park PyTorch's workers) for a model on the CPU:
+    one thread below :data:`SMALL_REGION_FLOPS`, PyTorch's count above it, parked from
+    :data:`PARK_REGION_FLOPS` on (and when the work cannot be estimated)."""
     flops = estimated_flops(model_bytes)
-    return 1 if flops is not None and flops < SMALL_REGION_FLOPS else None
+    if flops is None:
+        return None, True
+    if flops < SMALL_REGION_FLOPS:
+        return 1, False
+    return None, flops >= PARK_REGION_FLOPS
 
 
 def _attr(node: Any, name: str, default: int) -> int:
