@@ -21,6 +21,7 @@ def fresh_registry():
 
     kernels.kernel_registry.cache_clear()
     support._probe_tables.clear()
+    metrics._warned.discard("kernel_defs")  # its warning is given once per process
     yield
     kernels.kernel_registry.cache_clear()
     support._probe_tables.clear()
@@ -34,13 +35,14 @@ def test_builds_with_provider_libraries_are_read_in_a_child_process(monkeypatch)
     """onnxruntime-gpu's get_all_opkernel_def kills the process when a provider library it was
     built with cannot load (TensorRT's libnvinfer missing: the usual GPU install). Builds with
     provider libraries are read in a child, with the same result as reading in-process."""
-    in_process = _ort.kernel_defs() if not _ort.provider_libraries() else None
+    if _ort.provider_libraries():
+        pytest.skip("a build with provider libraries: whether the child can read them depends on which load")
+    in_process = _ort.kernel_defs()
     monkeypatch.setattr(_ort, "provider_libraries", lambda: ["libonnxruntime_providers_tensorrt.so"])
     apart = _ort.kernel_defs()
     assert len(apart) > 1000
     assert {"CPUExecutionProvider"} <= {d.provider for d in apart}
-    if in_process is not None:
-        assert _rows(apart) == _rows(in_process)
+    assert _rows(apart) == _rows(in_process)
 
 
 def test_cpu_package_has_no_provider_libraries():
