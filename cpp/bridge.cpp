@@ -278,6 +278,29 @@ bool lower_softmax_backward(const std::shared_ptr<Graph>& graph, Node* n, const 
   return true;
 }
 
+// The backward of adaptive average pooling where the output size divides the input's (global
+// pooling included): each input element gets its window's gradient over the window's area,
+// upsample_nearest2d(grad, input size) / (kh * kw) (nearest: index i reads grad[i / kh]).
+// Needs both sizes profiled; otherwise it stays as it is (in TorchScript).
+bool lower_adaptive_pool_backward(const std::shared_ptr<Graph>& graph, Node* n, const c10::TensorTypePtr& out) {
+  auto grad_t = n->input(0)->type()->cast<c10::TensorType>();
+  auto self_t = n->input(1)->type()->cast<c10::TensorType>();
+  if (!grad_t || !self_t) return false;
+  auto g = grad_t->sizes().concrete_sizes();
+  auto x = self_t->sizes().concrete_sizes();
+  if (!g || !x || g->size() != 4 || x->size() != 4) return false;  // upsample_nearest2d takes NCHW
+  const size_t r = g->size();
+  const int64_t h = (*g)[r - 2], w = (*g)[r - 1], H = (*x)[r - 2], W = (*x)[r - 1];
+  if (h <= 0 || w <= 0 || H % h != 0 || W % w != 0) return false;
+  Value* size = graph->insertConstant(c10::IValue(std::vector<int64_t>{H, W}));
+  Value* none = graph->insertConstant(c10::IValue());
+  Node* up = insert_typed(graph, "aten::upsample_nearest2d", {n->input(0), size, none, none}, out);
+  Value* area = graph->insertConstant(at::Scalar(static_cast<double>((H / h) * (W / w))));
+  Node* d = insert_typed(graph, "aten::div", {up->output(), area}, out);
+  n->output()->replaceAllUsesWith(d->output());
+  return true;
+}
+
 void lower_for_export(const std::shared_ptr<Graph>& graph) {
   std::vector<Node*> nodes(graph->nodes().begin(), graph->nodes().end());
   static const c10::Symbol kPrivatePool = c10::Symbol::fromQualString("aten::_adaptive_avg_pool2d");
@@ -309,6 +332,8 @@ void lower_for_export(const std::shared_ptr<Graph>& graph) {
       done = lower_softmax_backward(graph, n, out, false);
     } else if (kind == "aten::_log_softmax_backward_data" && n->inputs().size() == 4) {
       done = lower_softmax_backward(graph, n, out, true);
+    } else if (kind == "aten::_adaptive_avg_pool2d_backward" && n->inputs().size() == 2) {
+      done = lower_adaptive_pool_backward(graph, n, out);
     }
     if (done) n->destroy();
   }
