@@ -128,8 +128,9 @@ def _kernel_defs_apart(code: str) -> list[KernelDef]:
             how = f"the process reading them failed (exit {done.returncode})"
         # ORT names the provider library it could not load on stderr
         lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
-        detail = next((line for line in lines if "Failed to load library" in line), lines[-1] if lines else "")
-        raise KernelDefsUnavailableError(f"{how}: {detail[-300:]}")
+        loading = [line[line.index("Failed to load library"):] for line in lines if "Failed to load library" in line]
+        detail = loading[0] if loading else (lines[-1] if lines else "")
+        raise KernelDefsUnavailableError(f"{how}: {detail[:300]}")
     try:
         rows = json.loads(done.stdout)
         return [KernelDef(n, dom, p, (int(v[0]), int(v[1])), c) for n, dom, p, v, c in rows]

@@ -119,7 +119,7 @@ def kernel_registry() -> KernelRegistry:
         metrics.warn_once(
             "kernel_defs",
             "ort-lazy: onnxruntime's kernel list could not be read (%s); which ops ORT runs is learnt "
-            "by creating a session for each op probed (slower first compiles)",
+            "by creating a session for the ops probed",
             e,
         )
         return KernelRegistry((), complete=False)
