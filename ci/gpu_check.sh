@@ -49,6 +49,8 @@ else
     export PYTHONPATH="$PWD/src:${PYTHONPATH:-}"
 fi
 
+"$py" -m ort_lazy.cli info >> "$out/env.txt" 2>&1  # versions, providers, how the kernel list is read
+
 echo "== tests"
 timeout "${TESTS_TIMEOUT:-1800}" "$py" -m pytest -p no:cacheprovider -rA -q -n "${TESTS_WORKERS:-3}" tests/test_cuda.py tests/models/test_zoo.py \
     -k "cuda" --junitxml="$out/tests.xml" > "$out/tests.log" 2>&1

@@ -146,6 +146,10 @@ def test_cli_info_json():
     assert data["torch"] == torch.__version__ and "CPUExecutionProvider" in data["providers"]
     assert data["onnxruntime_flavour"] in ("onnxruntime", "onnxruntime-gpu", "onnxruntime-training")
     assert "built" in data["bridge"]
+    kernels = data["kernel_list"]
+    assert kernels["read"] in ("in process", "child process") or kernels["read"].startswith("unavailable")
+    if kernels["read"] == "in process":  # the CPU package: every CPU kernel, no provider library
+        assert kernels["provider_libraries"] == [] and kernels["kernels"]["CPUExecutionProvider"] > 1000
 
 
 def test_cli_demo_runs_and_checks_parity(tmp_path):

@@ -45,7 +45,28 @@ def info() -> dict[str, Any]:
     except ImportError as e:  # pragma: no cover
         out["onnx"] = f"missing ({e})"
     out["bridge"] = _bridge_state()
+    out["kernel_list"] = _kernel_list_state()
     return out
+
+
+def _kernel_list_state() -> dict[str, Any]:
+    """How the support table learns which ops ORT runs: ORT's kernel list (read in this process,
+    or in a child where the build has provider libraries), or, when it cannot be read, sessions
+    created per probed op."""
+    import collections
+    import os
+
+    from .runtime import _ort
+
+    libraries = [os.path.basename(p) for p in _ort.provider_libraries()]
+    state: dict[str, Any] = {"provider_libraries": libraries, "read": "child process" if libraries else "in process"}
+    try:
+        defs = _ort.kernel_defs()
+    except _ort.KernelDefsUnavailableError as e:
+        state["read"] = f"unavailable ({e}); sessions decide per probed op"
+        return state
+    state["kernels"] = dict(sorted(collections.Counter(d.provider for d in defs).items()))
+    return state
 
 
 def _bridge_state() -> dict[str, Any]:
