@@ -155,11 +155,6 @@ std::shared_ptr<Graph> single_node_graph(Node* node) {
   return prepare_for_export(g);
 }
 
-// The fusion predicate.  Only aten nodes with one tensor output whose non-tensor inputs
-// are constants qualify: CustomFuseGraph merges single-output producers only (a two-output
-// node such as max_pool2d_with_indices trips its assertion), and LTC's
-// aten::ScalarImplicit alpha would otherwise become a Scalar group input the fuser cannot
-// handle.  Then Python decides from the shared table.
 // Tells Python why an aten node was turned down before the support callback saw it (so
 // metrics and explain list it), then returns false.
 bool reject(const Node* node, const c10::FunctionSchema* schema, const char* why) {
@@ -175,6 +170,11 @@ bool reject(const Node* node, const c10::FunctionSchema* schema, const char* why
   return false;
 }
 
+// The fusion predicate.  Only aten nodes with one tensor output whose non-tensor inputs
+// are constants qualify: CustomFuseGraph merges single-output producers only (a two-output
+// node such as max_pool2d_with_indices trips its assertion), and LTC's
+// aten::ScalarImplicit alpha would otherwise become a Scalar group input the fuser cannot
+// handle.  Then Python decides from the shared table.
 bool is_supported(Node* node) {
   if (!node->kind().is_aten()) {
     return false;
@@ -289,8 +289,7 @@ bool lower_adaptive_pool_backward(const std::shared_ptr<Graph>& graph, Node* n, 
   auto g = grad_t->sizes().concrete_sizes();
   auto x = self_t->sizes().concrete_sizes();
   if (!g || !x || g->size() != 4 || x->size() != 4) return false;  // upsample_nearest2d takes NCHW
-  const size_t r = g->size();
-  const int64_t h = (*g)[r - 2], w = (*g)[r - 1], H = (*x)[r - 2], W = (*x)[r - 1];
+  const int64_t h = (*g)[2], w = (*g)[3], H = (*x)[2], W = (*x)[3];
   if (h <= 0 || w <= 0 || H % h != 0 || W % w != 0) return false;
   Value* size = graph->insertConstant(c10::IValue(std::vector<int64_t>{H, W}));
   Value* none = graph->insertConstant(c10::IValue());

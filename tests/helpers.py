@@ -48,6 +48,26 @@ def take_sessions() -> list[Any]:
     return sessions
 
 
+def cuda_ready() -> bool:
+    """Whether torch sees a GPU and the installed onnxruntime has ``CUDAExecutionProvider``."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import onnxruntime
+    except ImportError:
+        return False
+    return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+
+
+def cuda_sessions() -> list[Any]:
+    """:func:`take_sessions`, each checked to run on ORT's CUDA provider (none may be missing)."""
+    sessions = take_sessions()
+    assert sessions, "no ORT session was created"
+    for s in sessions:
+        assert s.get_providers()[0] == "CUDAExecutionProvider", s.get_providers()
+    return sessions
+
+
 def assert_ran_on_ort(min_runs: int = 1) -> dict[str, int]:
     """Fail unless ORT actually ran (a silent fallback cannot pass)."""
     c = metrics.counters()

@@ -16,35 +16,12 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from helpers import assert_close, assert_ran_on_ort, compile_ort, train_parity
+from helpers import assert_close, assert_ran_on_ort, compile_ort, cuda_ready, cuda_sessions, train_parity
 from ort_lazy import metrics
 
-
-def _cuda_provider() -> bool:
-    try:
-        import onnxruntime
-    except ImportError:
-        return False
-    return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
-
-
-pytestmark = pytest.mark.skipif(
-    not (torch.cuda.is_available() and _cuda_provider()),
-    reason="needs a CUDA GPU and onnxruntime-gpu (CUDAExecutionProvider)",
-)
+pytestmark = pytest.mark.skipif(not cuda_ready(), reason="needs a CUDA GPU and onnxruntime-gpu (CUDAExecutionProvider)")
 
 DEV = "cuda"
-
-
-def _cuda_sessions() -> list[object]:
-    """The cached ORT sessions; each must run on the CUDA provider."""
-    from ort_lazy.runtime.session import session_cache
-
-    sessions = [v[0] for v in session_cache()._items.values()]
-    assert sessions, "no ORT session was created"
-    for s in sessions:
-        assert s.get_providers()[0] == "CUDAExecutionProvider", s.get_providers()
-    return sessions
 
 
 @contextlib.contextmanager
@@ -84,7 +61,7 @@ def test_float_forward_backward(dtype):
     assert_close(wo.grad, wr.grad, rtol=tol, atol=tol)
     c = assert_ran_on_ort(2)  # forward and backward
     assert c["ort_failures"] == 0, metrics.fallbacks()
-    _cuda_sessions()
+    cuda_sessions()
 
 
 @pytest.mark.parametrize("dtype", INTS, ids=str)
@@ -98,7 +75,7 @@ def test_int_forward(dtype):
     assert torch.equal(actual, f(a, b))
     c = assert_ran_on_ort()
     assert c["ort_failures"] == 0
-    _cuda_sessions()
+    cuda_sessions()
 
 
 def test_bool():
@@ -124,7 +101,7 @@ def test_mlp_training():
     x = torch.randn(16, 32, device=DEV)
     train_parity(make, [x], steps=3)
     assert_ran_on_ort(6)
-    _cuda_sessions()
+    cuda_sessions()
 
 
 def test_transformer_layer_training():
@@ -134,7 +111,7 @@ def test_transformer_layer_training():
     x = torch.randn(4, 12, 64, device=DEV)
     train_parity(make, [x], steps=2, rtol=1e-3, atol=1e-4)
     assert_ran_on_ort(4)
-    _cuda_sessions()
+    cuda_sessions()
 
 
 def test_cnn_training():
@@ -149,7 +126,7 @@ def test_cnn_training():
     # eager convolutions may use TF32 (torch.backends.cudnn.allow_tf32, on by default)
     train_parity(make, [x], steps=2, rtol=5e-3, atol=1e-3, torch_preferred_ops=())
     assert_ran_on_ort(4)
-    _cuda_sessions()
+    cuda_sessions()
 
 
 @pytest.mark.parametrize("allow", [False, True], ids=["fp32", "tf32"])
@@ -167,7 +144,7 @@ def test_float32_products_follow_torchs_tf32_setting(allow):
     with _tf32(allow):
         actual = compile_ort(f)(a, b)
         eager = f(a, b)
-    (session,) = _cuda_sessions()
+    (session,) = cuda_sessions()
     assert session.get_provider_options()["CUDAExecutionProvider"]["use_tf32"] == ("1" if allow else "0")
     err = float((actual.double() - exact).abs().max() / exact.abs().max())
     eager_err = float((eager.double() - exact).abs().max() / exact.abs().max())
@@ -184,7 +161,7 @@ def test_runs_on_torchs_current_stream():
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
         out = compile_ort(f)(x)
-    (session,) = _cuda_sessions()
+    (session,) = cuda_sessions()
     opts = session.get_provider_options()["CUDAExecutionProvider"]
     assert opts["has_user_compute_stream"] == "1"
     assert int(opts["user_compute_stream"]) == side.cuda_stream
@@ -285,7 +262,7 @@ def test_inference_under_no_grad_and_half_model():
         actual = compile_ort(model)(x)
     assert_close(actual, expected, rtol=2e-2, atol=2e-2)
     assert_ran_on_ort()
-    _cuda_sessions()
+    cuda_sessions()
 
 
 def test_changed_weight_between_calls():
@@ -317,4 +294,4 @@ def test_torchscript_graph_on_cuda():
                 actual = traced(x)
     assert_close(actual, expected)
     assert_ran_on_ort()
-    _cuda_sessions()
+    cuda_sessions()

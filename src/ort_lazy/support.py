@@ -526,7 +526,6 @@ def _translation_problem(model: Any, providers: tuple[str, ...]) -> str | None:
 
     from .export.fx import reinfer_types
     from .runtime.kernels import kernel_registry, session_refusal, unsupported_nodes
-    from .runtime.session import _clamp_ir_version
 
     bad = unsupported_nodes(model, providers)
     if not bad:
@@ -540,7 +539,7 @@ def _translation_problem(model: Any, providers: tuple[str, ...]) -> str | None:
     if bad:
         return f"{Reason.NO_KERNEL}: " + ", ".join(sorted({b.describe() for b in bad}))
     if not kernel_registry().complete:  # no kernel list to check against: ask ORT itself
-        refusal = session_refusal(_clamp_ir_version(inferred.SerializeToString()), providers)
+        refusal = session_refusal(inferred.SerializeToString(), providers)
         if refusal is not None:
             return f"{Reason.NO_KERNEL}: {refusal}"
     return None

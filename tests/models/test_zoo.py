@@ -35,7 +35,7 @@ from torchvision_stub import import_timm
 from zoo import CASES, FAST
 from zoo_runs import ALL_ON_ORT, Run, TrainingRun, inference, max_relative_grad_error, training
 
-from helpers import assert_close
+from helpers import assert_close, cuda_ready, cuda_sessions
 from ort_lazy.reasons import Reason
 
 #: Ops a case leaves to PyTorch by design, with why that is not a bug.
@@ -184,23 +184,12 @@ def test_training_on_ort(name: str) -> None:
     _assert_share(name, "training", run)
 
 
-def _cuda_ready() -> bool:
-    if not torch.cuda.is_available():
-        return False
-    import onnxruntime
-
-    return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
-
-
-needs_cuda = pytest.mark.skipif(not _cuda_ready(), reason="needs a CUDA GPU and onnxruntime-gpu (CUDAExecutionProvider)")
+needs_cuda = pytest.mark.skipif(not cuda_ready(), reason="needs a CUDA GPU and onnxruntime-gpu (CUDAExecutionProvider)")
 
 
 def _on_cuda_provider(run: Run) -> None:
-    from ort_lazy.runtime.session import session_cache
-
     assert run.counters["ort_runs"] > 0, run.report
-    for session, *_ in session_cache()._items.values():
-        assert session.get_providers()[0] == "CUDAExecutionProvider", session.get_providers()
+    cuda_sessions()
 
 
 @needs_cuda

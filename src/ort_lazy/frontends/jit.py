@@ -30,6 +30,12 @@ __all__ = ["BridgeUnavailableError", "load_bridge", "bridge_info", "enable", "di
 _support_cache: dict[str, str | None] = {}
 
 
+def _fallback_name(op: str, overload: str) -> str:
+    """``aten::mul`` and ``Tensor`` -> ``aten.mul.Tensor`` (``default`` when there is no overload
+    name), the form every front door records fallbacks under."""
+    return f"{op.replace('::', '.')}.{overload or 'default'}"
+
+
 def _support(key: str, op: str, overload: str, inputs: Sequence[Any], graph: torch._C.Graph) -> bool:
     """Fusion predicate for one node (``op`` like ``aten::mul``; ``inputs`` described by C++,
     ``graph`` the node alone)."""
@@ -43,7 +49,7 @@ def _support(key: str, op: str, overload: str, inputs: Sequence[Any], graph: tor
             _support_cache.clear()
         _support_cache[key] = reason
     if reason is not None:
-        metrics.record_fallback(f"{op.replace('::', '.')}.{overload or 'default'}", reason)
+        metrics.record_fallback(_fallback_name(op, overload), reason)
         return False
     return True
 
@@ -87,8 +93,7 @@ def _rejected(op: str, overload: str, why: str) -> None:
     """Records an aten node the fusion pass turned down before the support predicate."""
     if bridge.options() is None:
         return
-    name = f"{op.replace('::', '.')}.{overload or 'default'}"
-    metrics.record_fallback(name, _REJECTED.get(why, f"{Reason.UNFUSABLE}: {why}"))
+    metrics.record_fallback(_fallback_name(op, overload), _REJECTED.get(why, f"{Reason.UNFUSABLE}: {why}"))
 
 
 def _install(module: ModuleType) -> None:

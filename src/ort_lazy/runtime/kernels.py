@@ -127,19 +127,17 @@ def kernel_registry() -> KernelRegistry:
 
 def session_refusal(model_bytes: bytes, providers: Sequence[str]) -> str | None:
     """ORT's error creating a session for ``model_bytes`` on ``providers`` (first line), or None
-    when it loads: the kernel check when the registry is incomplete."""
+    when it loads: the kernel check when the registry is incomplete. No graph optimization runs:
+    only whether every node finds a kernel is asked."""
     from .flavour import onnxruntime
-    from .quirks import disabled_optimizers
+    from .session import _clamp_ir_version
 
     ort = onnxruntime()
     so = ort.SessionOptions()
     so.log_severity_level = 4
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
-        ort.InferenceSession(
-            model_bytes, sess_options=so, providers=list(providers),
-            disabled_optimizers=disabled_optimizers(model_bytes, tuple(providers)),
-        )
+        ort.InferenceSession(_clamp_ir_version(model_bytes), sess_options=so, providers=list(providers))
     except Exception as e:
         text = str(e).strip().splitlines()
         return (text[0] if text else type(e).__name__)[:200]
