@@ -11,7 +11,8 @@
 #    direct ORT run), if BENCH_SECONDS > 0                                 -> OUT/bench.log, bench-cuda.json
 # Every step runs even when an earlier one failed; the exit status is the tests'.
 # TESTS_TIMEOUT (seconds, default 1800) bounds step 3; TESTS_WORKERS (default 3) pytest-xdist
-# workers share the GPU (a worker that crashes is replaced, the rest still run).
+# workers share the GPU (a worker that crashes is replaced, the rest still run). BENCH_MODELS,
+# BENCH_BACKENDS and BENCH_MAX_TIME narrow step 4 (bench.py's --models, --backends, --max-time).
 set -u
 cd "$(dirname "$0")/.."
 out="${1:-gpu-check}"
@@ -59,9 +60,9 @@ tail -n 60 "$out/tests.log"
 
 if [ "$bench_s" -gt 0 ]; then
     echo "== bench"
-    timeout "$bench_s" "$py" benchmarks/bench.py --device cuda --models transformer,bert,gpt2,resnet,vit \
-        --modes inference,train --backends eager,dynamo,inductor,ort,floor,best-ort \
-        --max-time 0.5 --rounds 5 --warmup 10 --no-memory --json "$out/bench-cuda.json" --png "" -q \
+    timeout "$bench_s" "$py" benchmarks/bench.py --device cuda --models "${BENCH_MODELS:-transformer,bert,gpt2,resnet,vit}" \
+        --modes inference,train --backends "${BENCH_BACKENDS:-eager,dynamo,inductor,ort,floor,best-ort}" \
+        --max-time "${BENCH_MAX_TIME:-0.5}" --rounds 5 --warmup 10 --no-memory --json "$out/bench-cuda.json" --png "" -q \
         > "$out/bench.log" 2>&1
     echo "bench exit $?"
     tail -n 40 "$out/bench.log"

@@ -202,18 +202,26 @@ def test_call_under_another_stream_waits_for_its_work():
     assert metrics.counters()["sessions_created"] == 1
 
 
-def test_outputs_ordered_without_host_wait():
-    """ORT's end-of-run GPU wait is off for torch-owned outputs; torch's next kernels on the same
-    stream still see the finished values."""
+@pytest.mark.parametrize("stream", ["default", "side"])
+def test_outputs_ordered_without_host_wait(stream):
+    """ORT's end-of-run GPU wait is off for torch-owned outputs; ORT reads inputs after torch's
+    kernels wrote them and torch's next kernels on the same stream see the finished values, on
+    torch's default stream (handle 0, which ORT would read as "none") as on another."""
 
     def f(x):
         return (x @ x).relu() + 1
 
     compiled = compile_ort(f)
-    for _ in range(3):
-        x = _slow_producer(torch.randn(512, 512, device=DEV), rounds=10)
-        out = compiled(x).sum()
-        assert_close(out, f(x).sum(), rtol=1e-4, atol=1e-4)
+    side = torch.cuda.Stream() if stream == "side" else torch.cuda.current_stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            x = _slow_producer(torch.randn(512, 512, device=DEV), rounds=10)
+            out = compiled(x).sum()
+            expected = f(x).sum()
+            torch.cuda.synchronize()
+            assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    assert metrics.counters()["stream_handoffs"] == 0
 
 
 def test_mixed_device_inputs():

@@ -287,6 +287,60 @@ def test_cuda_provider_options_follow_torch(monkeypatch, allow_tf32):
     assert session_mod.provider_options_for("CPUExecutionProvider", Options(), torch.device("cpu")) == {}
 
 
+def test_cuda_default_stream_named_explicitly(monkeypatch):
+    """torch's default stream reports the handle 0, which ORT reads as "no stream given" (it then
+    runs on a stream of its own, unordered with torch's: wrong results on a GPU); the session
+    gets cudaStreamLegacy, the same stream by its explicit name. Other streams pass unchanged."""
+    from ort_lazy.runtime import session as session_mod
+
+    class _Default:
+        cuda_stream = 0
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda index=None: _Default())
+    opts = session_mod.provider_options_for("CUDAExecutionProvider", Options(), torch.device("cuda", 0))
+    assert opts["user_compute_stream"] == str(session_mod.CUDA_STREAM_LEGACY) == "1"
+    assert session_mod.ort_stream_handle(0) == 1 and session_mod.ort_stream_handle(1234) == 1234
+
+
+def test_gpu_inference_passes_weights_as_inputs():
+    """ORT reads external initializers on the host: CUDA weights are graph inputs instead (the
+    same memory), while frozen and quantized weights are baked into the model on any device."""
+    from ort_lazy.lowering.aten import weight_mode
+
+    assert weight_mode(Options(), "cpu") == "shared"
+    assert weight_mode(Options(), "cuda") is None
+    assert weight_mode(Options(prepack_weights=False), "cpu") is None
+    assert weight_mode(Options(freeze_weights=True), "cuda") == "snapshot"
+    assert weight_mode(Options(precision="int8-dynamic"), "cuda") == "copied"
+
+
+def test_gpu_inference_traces_attention_through_math():
+    """On a GPU the fused attention kernels' ops (``_scaled_dot_product_efficient_attention``
+    ...) have no ONNX translation: inference graphs for a GPU trace attention through the math
+    path (matmuls and softmax ORT runs); on the CPU the fused op (translated) stays."""
+    from ort_lazy.lowering.aten import _attention_backends
+
+    q = torch.randn(1, 2, 4, 8)
+
+    def targets(device_type: str) -> set[str]:
+        with _attention_backends(device_type):
+            gm = _traced(lambda q: torch.nn.functional.scaled_dot_product_attention(q, q, q), q)
+        return {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
+
+    assert not [t for t in targets("cuda") if "scaled_dot_product" in t]
+    assert any("_scaled_dot_product_flash_attention_for_cpu" in t for t in targets("cpu"))
+
+
+def test_off_host_initializers_refused_not_crashing():
+    """A session handed an external initializer outside host memory raises (the region falls
+    back) instead of letting ORT dereference a device pointer."""
+    from ort_lazy.runtime.session import OrtRunError, create_session
+
+    model = export_graph(_traced(lambda x, w: x @ w, torch.ones(2, 2), torch.ones(2, 2)), "offhost")
+    with pytest.raises(OrtRunError, match="host memory"):
+        create_session(model, Options(), torch.device("cpu"), False, initializers={"w": torch.empty(2, 2, device="meta")})
+
+
 def test_tf32_switch_read_from_either_torch_api():
     """torch's newer ``fp32_precision`` switch decides when set, also after the older API was
     used (which makes reading the older one raise); run apart, as mixing the two is sticky."""

@@ -71,18 +71,23 @@ class Run:
 class InferenceRun(Run):
     expected: list[torch.Tensor] = field(default_factory=list)
     actual: list[torch.Tensor] = field(default_factory=list)
+    #: the float64 model's outputs (off the CPU only: the yardstick where eager itself rounds
+    #: more, as with TF32 convolutions on a GPU)
+    expected_f64: list[torch.Tensor] = field(default_factory=list)
 
 
 @dataclass
 class TrainingRun(Run):
     loss_eager: torch.Tensor | None = None
     loss_ort: torch.Tensor | None = None
+    loss_f64: torch.Tensor | None = None  # the float64 model's loss (the accuracy yardstick)
     # parameter name -> gradient: eager fp32, ort-lazy fp32, eager float64 (the accuracy yardstick)
     grads_eager: dict[str, torch.Tensor] = field(default_factory=dict)
     grads_ort: dict[str, torch.Tensor] = field(default_factory=dict)
     grads_f64: dict[str, torch.Tensor] = field(default_factory=dict)
     buffers_eager: dict[str, torch.Tensor] = field(default_factory=dict)
     buffers_ort: dict[str, torch.Tensor] = field(default_factory=dict)
+    buffers_f64: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 @contextlib.contextmanager
@@ -156,6 +161,8 @@ def _inference(name: str, device: str) -> InferenceRun:
     model = case.model().eval().to(device)
     with torch.no_grad():
         run.expected = outputs_of(case, model(**inputs))
+        if device != "cpu":
+            run.expected_f64 = outputs_of(case, copy.deepcopy(model).double()(**_double(inputs)))
         run.eager_ms = _median_ms(lambda: model(**inputs))
 
     def body() -> None:
@@ -214,8 +221,11 @@ def _training(name: str, options: dict[str, Any], device: str) -> TrainingRun:
     run.loss_eager = loss.detach()
     run.grads_eager = _grads(eager)
     run.buffers_eager = _float_buffers(eager)
-    _loss(f64(**_double(inputs), labels=labels)).backward()
+    loss_f64 = _loss(f64(**_double(inputs), labels=labels))
+    loss_f64.backward()
+    run.loss_f64 = loss_f64.detach()
     run.grads_f64 = _grads(f64)
+    run.buffers_f64 = _float_buffers(f64)
 
     def eager_step() -> None:
         eager.zero_grad()

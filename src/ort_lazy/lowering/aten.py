@@ -14,6 +14,7 @@ runs the graph as it was captured.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import operator
@@ -56,18 +57,26 @@ def _failed(tag: str, error: BaseException, options: Options) -> None:
     record_failure(tag, text)
 
 
-def weight_mode(options: Options) -> str | None:
+def weight_mode(options: Options, device_type: str = "cpu") -> str | None:
     """How inference graphs bind their parameters (:data:`~ort_lazy.specs.WEIGHT_MODES`), or
-    None to pass them as graph inputs."""
+    None to pass them as graph inputs.
+
+    On a GPU, ``shared`` passes them as graph inputs instead: ORT reads the memory of an
+    external initializer on the host (a device pointer crashes the process), and a shared
+    initializer (``add_initializer``) needs the model to carry the data anyway. Inputs are
+    the same memory, without a copy, and always current.
+    """
     if options.freeze_weights:
         return "snapshot"
     if options.precision != "fp32":
         return "copied"
-    return "shared" if options.prepack_weights else None
+    return "shared" if options.prepack_weights and device_type == "cpu" else None
 
 
-def _aot_compiler(options: Options, tag: str, frozen: dict[int, torch.Tensor] | None = None) -> Callable[..., Any]:
-    mode = weight_mode(options) or "snapshot"
+def _aot_compiler(
+    options: Options, tag: str, frozen: dict[int, torch.Tensor] | None = None, device_type: str = "cpu"
+) -> Callable[..., Any]:
+    mode = weight_mode(options, device_type) or "snapshot"
 
     def compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         constants = _frozen_for(gm, frozen) if frozen else None
@@ -204,17 +213,18 @@ def _compile(gm: torch.nn.Module, example_inputs: Sequence[Any], options: Option
         lower_fast_paths(work)
     # Inference only: weights (parameters, and the buffers the graph does not write into)
     # become ORT initializers (see weight_mode), so ORT can fold and prepack them.
-    binds = weight_mode(options) is not None
+    device_type = _inputs_device_type(example_inputs)
+    binds = weight_mode(options, device_type) is not None
     frozen = _module_state(work, example_inputs) if binds else None
     aot = _compat.aot_autograd(
         fw_compiler=_aot_compiler(options, "forward"),
         bw_compiler=_aot_compiler(options, "backward"),
-        inference_compiler=_aot_compiler(options, "inference", frozen),
+        inference_compiler=_aot_compiler(options, "inference", frozen, device_type),
         decompositions=decomposition_table(options.cache_dir, options.torch_ops),
         keep_inference_input_mutations=True,
     )
     if not torch.is_grad_enabled() and isinstance(work, torch.fx.GraphModule):
-        inference = _inference_graph(work, example_inputs, options, frozen)
+        inference = _inference_graph(work, example_inputs, options, frozen, device_type)
         if inference is not None:
             return inference
     # Attention traced through the math path: its backward is ordinary ops ORT runs, where the
@@ -226,7 +236,11 @@ def _compile(gm: torch.nn.Module, example_inputs: Sequence[Any], options: Option
 
 
 def _inference_graph(
-    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Options, frozen: dict[int, torch.Tensor] | None
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    options: Options,
+    frozen: dict[int, torch.Tensor] | None,
+    device_type: str = "cpu",
 ) -> Callable[..., Any] | None:
     """Compile a no-grad dynamo graph without AOTAutograd; None when it cannot be lowered so."""
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -243,7 +257,7 @@ def _inference_graph(
     (fake_mode,) = modes.values()
     table = decomposition_table(options.cache_dir, options.torch_ops)
     try:
-        with fake_mode, torch.no_grad():
+        with fake_mode, torch.no_grad(), _attention_backends(device_type):
             aten = make_fx(torch.func.functionalize(gm, remove="mutations"), decomposition_table=table)(*fake_args)
             # Decompositions run below functionalization: one that writes in place (circular
             # padding's copies into a fresh tensor) leaves a mutation of an intermediate in
@@ -261,12 +275,35 @@ def _inference_graph(
     _constants_in_mode(aten, fake_mode)
     # passes that look up the fake mode through the tracing context must find this graph's
     with _compat.tracing_context(fake_mode):
-        compiled = _aot_compiler(options, "inference", frozen)(aten, fake_args)
+        compiled = _aot_compiler(options, "inference", frozen, device_type)(aten, fake_args)
 
     def run(*args: Any) -> Any:
         return compiled(list(args))
 
     return run
+
+
+def _attention_backends(device_type: str) -> contextlib.AbstractContextManager[Any]:
+    """Which attention kernels tracing may pick on ``device_type``.
+
+    On a GPU, attention is traced through the math path: the fused kernels' ops there
+    (``_scaled_dot_product_efficient_attention``, ``_flash_attention``, ``_cudnn_attention``)
+    have no ONNX translation and would split the graph around every attention. On the CPU the
+    fused kernel's op is translated and kept.
+    """
+    if device_type == "cpu":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.MATH])
+
+
+def _inputs_device_type(example_inputs: Sequence[Any]) -> str:
+    """``cuda`` when any example input tensor is on a GPU, else ``cpu``."""
+    for value in example_inputs:
+        if isinstance(value, torch.Tensor) and value.device.type == "cuda":
+            return "cuda"
+    return "cpu"
 
 
 def _mutates_intermediates(gm: torch.fx.GraphModule) -> bool:

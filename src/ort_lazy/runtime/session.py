@@ -160,11 +160,26 @@ def provider_options_for(provider: str, options: Options, device: torch.device) 
         index = device.index if device.index is not None else torch.cuda.current_device()
         opts.setdefault("device_id", str(index))
         if provider == "CUDAExecutionProvider":
-            stream = torch.cuda.current_stream(index).cuda_stream
+            stream = ort_stream_handle(torch.cuda.current_stream(index).cuda_stream)
             opts.setdefault("has_user_compute_stream", "1")
             opts.setdefault("user_compute_stream", str(stream))
             opts.setdefault("use_tf32", "1" if cuda_tf32() else "0")
     return opts
+
+
+#: CUDA's handle for the legacy default stream, the stream torch calls its default one
+CUDA_STREAM_LEGACY = 1
+
+
+def ort_stream_handle(torch_stream: int) -> int:
+    """The ``user_compute_stream`` value that makes ORT run on the torch stream ``torch_stream``.
+
+    torch's default stream reports the handle 0; ORT reads a user stream of 0 as none given and
+    runs on a stream of its own, which is not ordered with torch's default stream (measured
+    with onnxruntime-gpu 1.31: outputs read before they were written, inputs read before they
+    were produced). ``cudaStreamLegacy`` (1) names that same default stream explicitly.
+    """
+    return torch_stream if torch_stream != 0 else CUDA_STREAM_LEGACY
 
 
 def cuda_tf32() -> bool:
@@ -216,6 +231,9 @@ def create_session(
         with nvtx_range(f"ort_lazy.session:{model.name}", options.nvtx):
             so = _session_options(options, spinning, threads)
             if initializers:
+                off_host = sorted(n for n, t in initializers.items() if t.device.type != "cpu")
+                if off_host:  # ORT reads external initializers on the host: a device pointer would crash it
+                    raise OrtRunError(f"external initializers must be in host memory; {off_host[:3]} are not")
                 names = list(initializers)
                 so.add_external_initializers(names, [_ort.ortvalue_of(initializers[n]) for n in names])
             sess = ort.InferenceSession(
@@ -379,7 +397,10 @@ class OrtRunner:
         if current.cuda_stream == self._stream:
             self._sess.run_with_iobinding(binding, self._run_options)
             return
-        own = torch.cuda.ExternalStream(self._stream, device=self._torch_device)
+        if self._stream == 0:
+            own = torch.cuda.default_stream(self._torch_device)
+        else:
+            own = torch.cuda.ExternalStream(self._stream, device=self._torch_device)
         own.wait_stream(current)
         self._sess.run_with_iobinding(binding, self._run_options)
         current.wait_stream(own)
