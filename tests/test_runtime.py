@@ -302,16 +302,52 @@ def test_cuda_default_stream_named_explicitly(monkeypatch):
     assert session_mod.ort_stream_handle(0) == 1 and session_mod.ort_stream_handle(1234) == 1234
 
 
-def test_gpu_inference_passes_weights_as_inputs():
-    """ORT reads external initializers on the host: CUDA weights are graph inputs instead (the
-    same memory), while frozen and quantized weights are baked into the model on any device."""
-    from ort_lazy.lowering.aten import weight_mode
+def test_gpu_inference_weight_modes():
+    """ORT reads external initializers on the host, so CUDA weights are never ``shared``: they
+    are copied into the model (ORT folds them) up to a size, graph inputs beyond it or with
+    ``prepack_weights`` off; frozen and quantized weights are baked in on any device."""
+    from ort_lazy.lowering.aten import GPU_COPIED_WEIGHTS_BYTES, weight_mode
 
     assert weight_mode(Options(), "cpu") == "shared"
-    assert weight_mode(Options(), "cuda") is None
+    assert weight_mode(Options(), "cuda", 1 << 20) == "copied"
+    assert weight_mode(Options(), "cuda", GPU_COPIED_WEIGHTS_BYTES + 1) is None
+    assert weight_mode(Options(prepack_weights=False), "cuda") is None
     assert weight_mode(Options(prepack_weights=False), "cpu") is None
     assert weight_mode(Options(freeze_weights=True), "cuda") == "snapshot"
     assert weight_mode(Options(precision="int8-dynamic"), "cuda") == "copied"
+
+
+@pytest.mark.parametrize("limit", ["copied", "inputs"])
+def test_gpu_weight_paths_follow_weight_changes(monkeypatch, limit):
+    """The GPU lowering decisions, taken on CPU tensors (the device check patched): weights
+    copied into the model, or passed as inputs past the size limit; results match eager, and
+    after an in-place update the next call uses the new weights (a rebuilt model, or the inputs
+    themselves)."""
+    from ort_lazy.lowering import aten as aten_mod
+
+    torch._dynamo.reset()  # graphs compiled here, under this test's patches
+    monkeypatch.setattr(aten_mod, "_inputs_device_type", lambda inputs: "cuda")
+    if limit == "inputs":
+        monkeypatch.setattr(aten_mod, "GPU_COPIED_WEIGHTS_BYTES", 16)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(8 * 36, 4)
+    ).eval()
+    x = torch.randn(2, 3, 8, 8)
+    compiled = torch.compile(model, backend="ort")
+    with captured_exports() as exports, torch.no_grad():
+        assert_close(compiled(x), model(x))
+        model[0].weight.mul_(-0.5)
+        model[4].bias.add_(1.0)
+        assert_close(compiled(x), model(x))
+    assert_ran_on_ort()
+    first = exports[0]
+    n_inputs = len(first.input_names)
+    if limit == "copied":
+        assert n_inputs == 1 and not first.external  # x only: every weight inside the model
+        assert metrics.counters()["weight_refreshes"] == 1
+    else:
+        assert n_inputs > 1 and not first.external  # x and the weights
+        assert metrics.counters()["weight_refreshes"] == 0
 
 
 def test_gpu_inference_traces_attention_through_math():

@@ -168,3 +168,55 @@ def test_explain_reports_the_accuracy_of_a_reduced_precision() -> None:
     assert acc["precision"] == "int8-dynamic" and 0 < acc["max_rel_error"] < 0.05, acc
     assert "precision int8-dynamic" in str(report)
     assert ort_lazy.explain(ffn, x).accuracy is None
+
+
+def _instances(n: int) -> list[torch.nn.Module]:
+    """``n`` modules of one class with different weights (dynamo compiles one graph for all)."""
+    models = []
+    for seed in range(n):
+        torch.manual_seed(100 + seed)
+        models.append(
+            torch.nn.Sequential(
+                torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(4 * 36, 5)
+            ).eval()
+        )
+    for m in models:  # running statistics of their own too
+        m[1].running_mean.uniform_(-1, 1)
+        m[1].running_var.uniform_(0.5, 2)
+    return models
+
+
+WEIGHT_OPTIONS = {
+    "shared": {},
+    "inputs": {"prepack_weights": False},
+    "snapshot": {"freeze_weights": True},
+    "copied-int8": {"precision": "int8-dynamic"},
+    "gpu-copied": {},  # the GPU's choice, taken on CPU tensors (device check patched)
+}
+
+
+@pytest.mark.parametrize("mode", list(WEIGHT_OPTIONS))
+@pytest.mark.parametrize("path", ["direct", "aot"])
+def test_each_module_instance_computes_with_its_own_weights(monkeypatch, mode: str, path: str) -> None:
+    """One compiled graph serves every instance of a module class: each call must use the weights
+    of the instance it is called with, however the graph binds weights, also past the number of
+    instances that get graphs of their own, on both inference lowerings."""
+    from ort_lazy.lowering import aten as aten_mod
+
+    if mode == "gpu-copied":
+        monkeypatch.setattr(aten_mod, "_inputs_device_type", lambda inputs: "cuda")
+    if path == "aot":  # the direct no-grad lowering declined: AOTAutograd's inference graph
+        monkeypatch.setattr(aten_mod, "_inference_graph", lambda *a, **k: None)
+    torch._dynamo.reset()  # graphs compiled here, under this test's patches
+    models = _instances(aten_mod.MAX_WEIGHT_SETS + 2)
+    x = torch.randn(2, 3, 8, 8)
+    compiled = [torch.compile(m, backend="ort", options=WEIGHT_OPTIONS[mode] or None) for m in models]
+    tol = {"rtol": 0.05, "atol": 0.05} if mode == "copied-int8" else {}
+    with torch.no_grad():
+        for _ in range(2):  # each instance again after the others
+            for model, fn in zip(models, compiled):
+                assert_close(fn(x), model(x), **tol)
+    c = assert_ran_on_ort()
+    assert c["graphs_compiled"] >= 1 and c["compile_failures"] == 0
+    if mode != "inputs":  # graphs that bind weights: one per instance up to the limit
+        assert c["weight_sets"] == aten_mod.MAX_WEIGHT_SETS - 1

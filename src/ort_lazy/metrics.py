@@ -47,6 +47,7 @@ _COUNTER_NAMES = (
     "graphs_compiled",
     "ddp_uncompiled",
     "weight_refreshes",
+    "weight_sets",
     "disk_cache_hits",
     "disk_cache_misses",
     "disk_cache_rejected",

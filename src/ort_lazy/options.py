@@ -111,7 +111,10 @@ class Options:
         prepack_weights: inference graphs bind parameters as ORT initializers on their own
             memory (no copy), so ORT prepacks them as it does for an exported model; a
             parameter changed in place or replaced is noticed at the next call and the session
-            rebuilt: results never use stale weights. ``False`` passes them as graph inputs.
+            rebuilt: results never use stale weights. On a GPU they are copied into the model
+            instead (up to 1 GiB; ORT keeps a device copy). Every module instance that dynamo
+            serves with one graph gets sessions bound to its own weights. ``False`` passes them
+            as graph inputs.
         precision: inference graphs' numeric precision (:data:`PRECISIONS`); ``int8-dynamic``
             quantizes weight matrix products (the model is rebuilt when a parameter changes).
         dynamic: ``True`` exports symbolic dims where the graph has them, ``False`` forces

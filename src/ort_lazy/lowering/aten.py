@@ -57,29 +57,39 @@ def _failed(tag: str, error: BaseException, options: Options) -> None:
     record_failure(tag, text)
 
 
-def weight_mode(options: Options, device_type: str = "cpu") -> str | None:
+#: on a GPU, inference weights up to this many bytes in all are copied into the model (ORT
+#: keeps its own device copy and folds them); larger ones are passed as graph inputs
+GPU_COPIED_WEIGHTS_BYTES = 1 << 30
+
+
+def weight_mode(options: Options, device_type: str = "cpu", weight_bytes: int = 0) -> str | None:
     """How inference graphs bind their parameters (:data:`~ort_lazy.specs.WEIGHT_MODES`), or
     None to pass them as graph inputs.
 
-    On a GPU, ``shared`` passes them as graph inputs instead: ORT reads the memory of an
-    external initializer on the host (a device pointer crashes the process), and a shared
-    initializer (``add_initializer``) needs the model to carry the data anyway. Inputs are
-    the same memory, without a copy, and always current.
+    ``shared`` is a CPU mode: ORT reads an external initializer's memory on the host (a device
+    pointer crashes the process). On a GPU, ``prepack_weights`` copies the weights into the
+    model instead (``copied``: ORT folds them into its kernels, as for an exported model, at the
+    cost of its own device copy; rebuilt when a parameter changes), up to
+    :data:`GPU_COPIED_WEIGHTS_BYTES` of them (beyond, the model would outgrow ONNX's 2 GiB and
+    the copy the device): larger weights are graph inputs, the same memory, without a copy.
     """
     if options.freeze_weights:
         return "snapshot"
     if options.precision != "fp32":
         return "copied"
-    return "shared" if options.prepack_weights and device_type == "cpu" else None
+    if not options.prepack_weights:
+        return None
+    if device_type == "cpu":
+        return "shared"
+    return "copied" if weight_bytes <= GPU_COPIED_WEIGHTS_BYTES else None
 
 
 def _aot_compiler(
-    options: Options, tag: str, frozen: dict[int, torch.Tensor] | None = None, device_type: str = "cpu"
+    options: Options, tag: str, frozen: dict[int, torch.Tensor] | None = None, mode: str | None = None
 ) -> Callable[..., Any]:
-    mode = weight_mode(options, device_type) or "snapshot"
+    mode = mode or "snapshot"
 
-    def compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
-        constants = _frozen_for(gm, frozen) if frozen else None
+    def build(gm: torch.fx.GraphModule, constants: dict[int, torch.Tensor] | None) -> Callable[..., Any]:
         try:
             work = copy_graph_module(gm)
             # dead values (a view AOTAutograd regenerates outside the graph) would make regions
@@ -103,7 +113,67 @@ def _aot_compiler(
         run._boxed_call = True  # type: ignore[attr-defined]
         return run
 
+    def compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        constants = _frozen_for(gm, frozen) if frozen else None
+        compiled = build(gm, constants)
+        if not constants:
+            return compiled
+        return _per_weight_set(constants, compiled, lambda c: build(gm, c))
+
     return compiler
+
+
+#: distinct sets of weights (module instances) one inference graph binds before it passes
+#: further ones as graph inputs
+MAX_WEIGHT_SETS = 4
+
+
+def _per_weight_set(
+    constants: dict[int, torch.Tensor],
+    compiled: Callable[..., Any],
+    build: Callable[[dict[int, torch.Tensor] | None], Callable[..., Any]],
+) -> Callable[..., Any]:
+    """Dispatch each call to the compiled graph bound to the weights it is called with.
+
+    Dynamo reuses one graph for every instance of a module class (parameters are graph
+    inputs, not guarded by identity), while a graph that binds weights (initializers) was
+    built with one instance's: called with another's, it would compute with the wrong ones.
+    Each call checks the tensors at the bound positions by identity; another set gets a graph
+    of its own (up to :data:`MAX_WEIGHT_SETS`, kept alive with their weights), then one that
+    takes the weights as inputs serves every further set.
+    """
+    positions = tuple(constants)
+    pick = operator.itemgetter(*positions) if len(positions) > 1 else (lambda args: (args[positions[0]],))
+    current = tuple(constants.values())
+    sets: dict[tuple[int, ...], tuple[tuple[torch.Tensor, ...], Callable[..., Any]]] = {
+        tuple(map(id, current)): (current, compiled)
+    }
+    as_inputs: list[Callable[..., Any]] = []
+
+    def run(args: list[Any]) -> Any:
+        given = pick(args)
+        if all(map(operator.is_, given, current)):
+            return compiled(args)
+        entry = sets.get(tuple(map(id, given)))
+        if entry is not None and all(map(operator.is_, given, entry[0])):
+            return entry[1](args)
+        if len(sets) < MAX_WEIGHT_SETS:
+            metrics.increment("weight_sets")
+            tensors = tuple(given)
+            fn = build(dict(zip(positions, tensors)))
+            sets[tuple(map(id, tensors))] = (tensors, fn)  # holds the tensors: their ids stay theirs
+            return fn(args)
+        if not as_inputs:
+            metrics.warn_once(
+                "weight-sets",
+                f"ort-lazy: one graph called with more than {MAX_WEIGHT_SETS} modules' weights; "
+                "further ones are passed to ORT as graph inputs",
+            )
+            as_inputs.append(build(None))
+        return as_inputs[0](args)
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run
 
 
 def _direct_call(forward: Callable[..., Any]) -> Callable[..., Any] | None:
@@ -214,17 +284,18 @@ def _compile(gm: torch.nn.Module, example_inputs: Sequence[Any], options: Option
     # Inference only: weights (parameters, and the buffers the graph does not write into)
     # become ORT initializers (see weight_mode), so ORT can fold and prepack them.
     device_type = _inputs_device_type(example_inputs)
-    binds = weight_mode(options, device_type) is not None
-    frozen = _module_state(work, example_inputs) if binds else None
+    state = _module_state(work, example_inputs)
+    mode = weight_mode(options, device_type, sum(t.nbytes for t in state.values()))
+    frozen = state if mode is not None else None
     aot = _compat.aot_autograd(
         fw_compiler=_aot_compiler(options, "forward"),
         bw_compiler=_aot_compiler(options, "backward"),
-        inference_compiler=_aot_compiler(options, "inference", frozen, device_type),
+        inference_compiler=_aot_compiler(options, "inference", frozen, mode),
         decompositions=decomposition_table(options.cache_dir, options.torch_ops),
         keep_inference_input_mutations=True,
     )
     if not torch.is_grad_enabled() and isinstance(work, torch.fx.GraphModule):
-        inference = _inference_graph(work, example_inputs, options, frozen, device_type)
+        inference = _inference_graph(work, example_inputs, options, frozen, device_type, mode)
         if inference is not None:
             return inference
     # Attention traced through the math path: its backward is ordinary ops ORT runs, where the
@@ -241,6 +312,7 @@ def _inference_graph(
     options: Options,
     frozen: dict[int, torch.Tensor] | None,
     device_type: str = "cpu",
+    mode: str | None = None,
 ) -> Callable[..., Any] | None:
     """Compile a no-grad dynamo graph without AOTAutograd; None when it cannot be lowered so."""
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -275,7 +347,7 @@ def _inference_graph(
     _constants_in_mode(aten, fake_mode)
     # passes that look up the fake mode through the tracing context must find this graph's
     with _compat.tracing_context(fake_mode):
-        compiled = _aot_compiler(options, "inference", frozen, device_type)(aten, fake_args)
+        compiled = _aot_compiler(options, "inference", frozen, mode)(aten, fake_args)
 
     def run(*args: Any) -> Any:
         return compiled(list(args))
