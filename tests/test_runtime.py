@@ -119,6 +119,29 @@ def test_session_cache_is_bounded_lru():
     assert len(cache) == 2
 
 
+def test_session_on_tensor_memory_ends_with_the_tensor():
+    """A session reading a tensor's memory (shared initializers, prepacked copies of it) leaves
+    the cache when the tensor is freed: a later tensor at the same address, with the same
+    version counter, is never served that session's stale packed weights."""
+    import gc
+
+    from ort_lazy.runtime.session import session_cache
+
+    w = torch.randn(8, 8)
+    gm = _traced(lambda x, w: x @ w, torch.ones(2, 8), w)
+    model = export_graph(gm, "on_memory", {1: w}, ("CPUExecutionProvider",), shared=True)
+    assert model.external
+    runner = OrtRunner(model, Options(), torch.device("cpu"), initializers={n: w for n in model.external})
+    x = torch.randn(2, 8)
+    assert_close(runner.run([x])[0], x @ w)
+    cache = session_cache()
+    (key,) = [k for k in cache._items if k[0] == model.digest]
+    assert key in cache
+    del runner, w
+    gc.collect()
+    assert key not in cache
+
+
 def test_session_cache_builds_once_under_threads():
     cache = SessionCache(capacity=4)
     calls = []

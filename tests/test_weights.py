@@ -208,6 +208,7 @@ def test_each_module_instance_computes_with_its_own_weights(monkeypatch, mode: s
     if path == "aot":  # the direct no-grad lowering declined: AOTAutograd's inference graph
         monkeypatch.setattr(aten_mod, "_inference_graph", lambda *a, **k: None)
     torch._dynamo.reset()  # graphs compiled here, under this test's patches
+    monkeypatch.setattr(aten_mod, "MAX_WEIGHT_SETS", 3)
     models = _instances(aten_mod.MAX_WEIGHT_SETS + 2)
     x = torch.randn(2, 3, 8, 8)
     compiled = [torch.compile(m, backend="ort", options=WEIGHT_OPTIONS[mode] or None) for m in models]
@@ -220,3 +221,26 @@ def test_each_module_instance_computes_with_its_own_weights(monkeypatch, mode: s
     assert c["graphs_compiled"] >= 1 and c["compile_failures"] == 0
     if mode != "inputs":  # graphs that bind weights: one per instance up to the limit
         assert c["weight_sets"] == aten_mod.MAX_WEIGHT_SETS - 1
+
+
+def test_regional_compilation_of_a_layer_stack() -> None:
+    """Each layer of a stack compiled on its own (regional compilation): dynamo serves all the
+    layers with one graph; every layer computes with its own weights, the first
+    ``MAX_WEIGHT_SETS`` with them bound, the rest with them as inputs."""
+    from ort_lazy.lowering import aten as aten_mod
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    layers = [
+        torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True).eval()
+        for _ in range(aten_mod.MAX_WEIGHT_SETS + 2)
+    ]
+    compiled = [torch.compile(layer, backend="ort") for layer in layers]
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        expected, actual = x, x
+        for layer, fn in zip(layers, compiled):
+            expected, actual = layer(expected), fn(actual)
+            assert_close(actual, expected, rtol=1e-4, atol=1e-4)
+    c = assert_ran_on_ort()
+    assert c["weight_sets"] == aten_mod.MAX_WEIGHT_SETS - 1 and c["compile_failures"] == 0

@@ -124,8 +124,10 @@ def _aot_compiler(
 
 
 #: distinct sets of weights (module instances) one inference graph binds before it passes
-#: further ones as graph inputs
-MAX_WEIGHT_SETS = 4
+#: further ones as graph inputs. Regional compilation (each layer of a stack compiled alone)
+#: serves every layer with one graph; the graph keeps the weights it binds alive, so the bound
+#: also caps what it retains of instances the program has dropped.
+MAX_WEIGHT_SETS = 8
 
 
 def _per_weight_set(

@@ -11,7 +11,8 @@ import atexit
 import collections
 import threading
 import time
-from collections.abc import Callable, Hashable, Sequence
+import weakref
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -71,20 +72,45 @@ class OrtInputError(OrtRunError):
 
 
 class SessionCache:
-    """A bounded LRU of ORT sessions, safe to use from many threads."""
+    """A bounded LRU of ORT sessions, safe to use from many threads.
+
+    An entry can depend on tensors that outlive no reference of the cache's (a session reading
+    its initializers from their memory): :meth:`drop_with` ends the entry when one dies, so no
+    later tensor that happens to get the same address is mistaken for it.
+    """
 
     def __init__(self, capacity: int = 64) -> None:
         self.capacity = capacity
         self._items: collections.OrderedDict[Hashable, Any] = collections.OrderedDict()
         self._lock = threading.Lock()
         self._building: dict[Hashable, threading.Lock] = {}
+        # keys whose tensors died; appended by finalizers (any thread, maybe inside a locked
+        # section of this one: so no lock there), removed before every lookup
+        self._dead: collections.deque[Hashable] = collections.deque()
 
     def __len__(self) -> int:
-        return len(self._items)
+        with self._lock:
+            self._purge()
+            return len(self._items)
+
+    def __contains__(self, key: Hashable) -> bool:
+        with self._lock:
+            self._purge()
+            return key in self._items
+
+    def drop_with(self, key: Hashable, tensors: Iterable[torch.Tensor]) -> None:
+        """Forget ``key``'s entry as soon as any of ``tensors`` is freed."""
+        for t in tensors:
+            weakref.finalize(t, self._dead.append, key)
+
+    def _purge(self) -> None:
+        while self._dead:
+            self._items.pop(self._dead.popleft(), None)
 
     def get_or_create(self, key: Hashable, factory: Callable[[], Any]) -> Any:
         """The cached value for ``key``, or ``factory()`` stored under it (built once)."""
         with self._lock:
+            self._purge()
             if key in self._items:
                 self._items.move_to_end(key)
                 metrics.increment("session_cache_hits")
@@ -92,6 +118,7 @@ class SessionCache:
             build_lock = self._building.setdefault(key, threading.Lock())
         with build_lock:
             with self._lock:
+                self._purge()
                 if key in self._items:
                     self._items.move_to_end(key)
                     metrics.increment("session_cache_hits")
@@ -329,9 +356,15 @@ class OrtRunner:
         tf32 = cuda_tf32() if device.type == "cuda" else None
         key = (model.digest, options.key(), devkey, stream, tf32, spinning, threads, shared)
         cache = session_cache(options.cache_size)
-        self.session, self.providers = cache.get_or_create(
-            key, lambda: create_session(model, options, device, spinning, threads, initializers)
-        )
+
+        def create() -> tuple[Any, tuple[str, ...]]:
+            made = create_session(model, options, device, spinning, threads, initializers)
+            # the session reads (and prepacked copies of) these tensors' memory: it must not
+            # serve a later tensor that gets the same address
+            cache.drop_with(key, (initializers or {}).values())
+            return made
+
+        self.session, self.providers = cache.get_or_create(key, create)
         self._sess = _ort.raw_session(self.session)
         self._ort_device = _ort.c_device(*devkey)
         self._cpu_device = _ort.c_device("cpu", 0)
