@@ -244,3 +244,35 @@ def test_regional_compilation_of_a_layer_stack() -> None:
             assert_close(actual, expected, rtol=1e-4, atol=1e-4)
     c = assert_ran_on_ort()
     assert c["weight_sets"] == aten_mod.MAX_WEIGHT_SETS - 1 and c["compile_failures"] == 0
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])
+def test_channels_last_model_runs_on_ort(train: bool) -> None:
+    """A channels-last CNN (weights and input in that layout, the usual fast CNN set-up):
+    ORT views only contiguous memory, so such weights were given to the session as they were
+    and the whole graph fell back; now contiguous copies are bound. Same results as eager."""
+    import copy
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 3),
+    ).to(memory_format=torch.channels_last).train(train)
+    reference = copy.deepcopy(model)
+    x = torch.randn(4, 3, 16, 16).to(memory_format=torch.channels_last)
+    compiled = torch.compile(model, backend="ort")
+    with torch.set_grad_enabled(train):
+        out, expected = compiled(x), reference(x)
+        assert_close(out.detach(), expected.detach())
+        if train:
+            out.square().sum().backward()
+            expected.square().sum().backward()
+            for p, q in zip(model.parameters(), reference.parameters()):
+                assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4)
+        else:
+            model[0].weight.mul_(0.5)  # the region follows the weight, not its contiguous copy
+            reference[0].weight.mul_(0.5)
+            assert_close(compiled(x), reference(x))
+    c = assert_ran_on_ort()
+    assert c["ort_failures"] == 0 and c["export_failures"] == 0 and c["compile_failures"] == 0, metrics.fallbacks()

@@ -227,6 +227,26 @@ def _on_cuda_provider(run: Run) -> None:
     cuda_sessions()
 
 
+@pytest.mark.parametrize("name", ("bert", "gpt2", "resnet"))
+def test_gpu_lowering_on_cpu(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """The GPU's inference lowering (attention through the math path, weights copied into the
+    model), taken with CPU tensors: the CPU checks what the CUDA run then relies on, for every
+    machine without a GPU."""
+    import zoo_runs
+
+    from ort_lazy.lowering import aten as aten_mod
+
+    monkeypatch.setattr(aten_mod, "_inputs_device_type", lambda inputs: "cuda")
+    run = zoo_runs.inference.__wrapped__(name)
+    run.check()
+    assert run.counters["ort_runs"] > 0, run.report
+    for actual, expected in zip(run.actual, run.expected, strict=True):
+        assert_close(actual, expected, rtol=1e-4, atol=1e-5)
+    _no_failures(run.counters, run.report)
+    _assert_share(name, "inference", run)
+    assert not [op for op in run.fallbacks if "scaled_dot_product" in op], run.report
+
+
 @needs_cuda
 @pytest.mark.parametrize("name", ("bert", "gpt2", "llama", "vit", "resnet"))
 def test_cuda_inference_parity(name: str) -> None:

@@ -54,13 +54,18 @@ def open_runner(
 ) -> OrtRunner:
     """An :class:`OrtRunner` for ``model`` with the thread count and parking the region's size
     calls for (:func:`~.threads.region_plan`);
-    ``weights`` (by graph position) back the model's external initializers.
+    ``weights`` (by graph position) back the model's external initializers: ORT views a
+    tensor's memory only when it is contiguous, so a weight in another layout (a channels-last
+    convolution's) is given as a contiguous copy, which the runner keeps (the region follows
+    the weight itself and builds a new runner when it changes).
 
     Raises:
         OrtRunError: the session could not be created.
     """
     threads, park = region_plan(model.model_bytes) if device.type == "cpu" else (None, False)
-    initializers = {name: weights[pos] for name, pos in model.external.items()} if weights and model.external else None
+    initializers = (
+        {name: weights[pos].contiguous() for name, pos in model.external.items()} if weights and model.external else None
+    )
     return OrtRunner(model, options, device, spinning=spinning, threads=threads, initializers=initializers, park=park)
 
 
