@@ -47,6 +47,8 @@ BN_RUNNING_STATS = (
 )
 DOCUMENTED_FALLBACKS: dict[str, dict[str, dict[tuple[str, str], str]]] = {
     "resnet": {"training": dict([BN_RUNNING_STATS])},
+    "efficientnet": {"training": dict([BN_RUNNING_STATS])},
+    "regnet": {"training": dict([BN_RUNNING_STATS])},
     "mobilenet": {"training": dict([BN_RUNNING_STATS])},
     "convnext": {
         "inference": {
@@ -65,8 +67,14 @@ DOCUMENTED_FALLBACKS: dict[str, dict[str, dict[tuple[str, str], str]]] = {
     },
 }
 
-HF_DECODERS = ("gpt2", "llama", "t5", "whisper")
-CLASSIFIERS = ("bert", "distilbert", "vit", "resnet", "mobilenet", "convnext")
+#: the ORT share of a training step where the documented BatchNorm write-backs weigh more:
+#: RegNet's 44 BatchNorms write back 132 buffers next to 1783 ops ORT runs (93%)
+MIN_SHARE = {"regnet": 0.92}
+
+HF_DECODERS = ("gpt2", "llama", "t5", "whisper", "mistral", "qwen2", "phi", "gemma")
+CLASSIFIERS = (
+    "bert", "distilbert", "vit", "resnet", "mobilenet", "convnext", "roberta", "albert", "efficientnet", "regnet", "swin",
+)
 
 
 def _params(kind: str) -> list:
@@ -106,7 +114,7 @@ def _assert_share(name: str, kind: str, run: Run) -> None:
     assert not unexplained, f"ops left to PyTorch without a documented reason: {unexplained}\n{run.report}"
     # over the whole compiled step; per graph kind the share is lower where the documented
     # fallbacks gather (ResNet's forward graph: 63 BatchNorm buffer updates of 789 ops, 92%)
-    assert run.share.ratio >= 0.95, f"{run.share} of the ops on ORT ({run.shares})\n{run.report}"
+    assert run.share.ratio >= MIN_SHARE.get(name, 0.95), f"{run.share} of the ops on ORT ({run.shares})\n{run.report}"
 
 
 @pytest.mark.parametrize("name", _params("inference_parity"), scope="module")

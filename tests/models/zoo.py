@@ -211,6 +211,93 @@ def _convnext() -> torch.nn.Module:
     return timm.models.convnext.ConvNeXt(depths=(1, 1, 2, 1), dims=(16, 32, 64, 128), conv_mlp=True, num_classes=10)
 
 
+def _mistral() -> torch.nn.Module:
+    # grouped-query attention with a sliding window shorter than the sequence
+    from transformers import MistralConfig, MistralForCausalLM
+
+    config = MistralConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, sliding_window=8,
+    )
+    return MistralForCausalLM(config)
+
+
+def _qwen2() -> torch.nn.Module:
+    # biased q/k/v projections, grouped-query attention
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )
+    return Qwen2ForCausalLM(config)
+
+
+def _phi() -> torch.nn.Module:
+    # rotary embedding on part of each head, LayerNorm, parallel attention and MLP
+    from transformers import PhiConfig, PhiForCausalLM
+
+    config = PhiConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=64, partial_rotary_factor=0.5, resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0,
+    )
+    return PhiForCausalLM(config)
+
+
+def _gemma() -> torch.nn.Module:
+    # multi-query attention, GeGLU, RMSNorm scaled by (1 + weight), scaled embeddings
+    from transformers import GemmaConfig, GemmaForCausalLM
+
+    config = GemmaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=8, max_position_embeddings=64,
+    )
+    return GemmaForCausalLM(config)
+
+
+def _roberta() -> torch.nn.Module:
+    # position ids from the padding mask (cumsum), classification head on the first token
+    from transformers import RobertaConfig, RobertaForSequenceClassification
+
+    config = RobertaConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=5,
+        problem_type="single_label_classification", pad_token_id=0,
+    )
+    return RobertaForSequenceClassification(config)
+
+
+def _albert() -> torch.nn.Module:
+    # one layer's weights shared by every layer, factorized embeddings
+    from transformers import AlbertConfig, AlbertForSequenceClassification
+
+    config = AlbertConfig(
+        vocab_size=VOCAB, embedding_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=64, hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0, classifier_dropout_prob=0.0, num_labels=5,
+        problem_type="single_label_classification",
+    )
+    return AlbertForSequenceClassification(config)
+
+
+def _efficientnet() -> torch.nn.Module:
+    # SiLU, squeeze-excite, depthwise and inverted-residual blocks, drop-path off in eval
+    return import_timm().create_model("efficientnet_b0", pretrained=False, num_classes=10)
+
+
+def _regnet() -> torch.nn.Module:
+    # grouped convolutions
+    return import_timm().create_model("regnetx_002", pretrained=False, num_classes=10)
+
+
+def _swin() -> torch.nn.Module:
+    # shifted-window attention (roll, window partition views, relative position bias)
+    return import_timm().create_model(
+        "swin_tiny_patch4_window7_224", pretrained=False, num_classes=10, img_size=56, embed_dim=32,
+        depths=(1, 1), num_heads=(2, 4), window_size=7,
+    )
+
+
 def _lm_labels(length: int) -> Callable[[torch.Generator], torch.Tensor]:
     return _tokens(length)
 
@@ -228,6 +315,15 @@ CASES: dict[str, ModelCase] = {
         ModelCase("resnet", _resnet, _image(32, "x"), _classes(10), outputs=(), family="timm"),
         ModelCase("mobilenet", _mobilenet, _image(64, "x"), _classes(10), outputs=(), family="timm"),
         ModelCase("convnext", _convnext, _image(32, "x"), _classes(10), outputs=(), family="timm"),
+        ModelCase("mistral", _mistral, _text(12), _lm_labels(12)),
+        ModelCase("qwen2", _qwen2, _text(12), _lm_labels(12)),
+        ModelCase("phi", _phi, _text(12), _lm_labels(12)),
+        ModelCase("gemma", _gemma, _text(12), _lm_labels(12)),
+        ModelCase("roberta", _roberta, _text(12, padded=True), _classes(5)),
+        ModelCase("albert", _albert, _text(12, padded=True), _classes(5)),
+        ModelCase("efficientnet", _efficientnet, _image(64, "x"), _classes(10), outputs=(), family="timm"),
+        ModelCase("regnet", _regnet, _image(64, "x"), _classes(10), outputs=(), family="timm"),
+        ModelCase("swin", _swin, _image(56, "x"), _classes(10), outputs=(), family="timm"),
     ]
 }
 
