@@ -283,6 +283,52 @@ def test_changed_weight_between_calls():
         assert_close(compiled(x), model(x))
 
 
+@pytest.mark.parametrize("limit", ["copied", "inputs"])
+def test_gpu_weights_follow_instances_and_changes(monkeypatch, limit):
+    """GPU inference weights copied into the model (or inputs past the size limit): each
+    module instance served by the one graph computes with its own weights, also after an
+    in-place change; channels-last weights included."""
+    from ort_lazy.lowering import aten as aten_mod
+
+    torch._dynamo.reset()
+    if limit == "inputs":
+        monkeypatch.setattr(aten_mod, "GPU_COPIED_WEIGHTS_BYTES", 16)
+
+    def make(seed: int) -> torch.nn.Module:
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(8 * 36, 4)
+        )
+        return model.to(DEV).to(memory_format=torch.channels_last).eval()
+
+    models = [make(seed) for seed in range(3)]
+    x = torch.randn(2, 3, 8, 8, device=DEV).to(memory_format=torch.channels_last)
+    compiled = [torch.compile(m, backend="ort") for m in models]
+    with torch.no_grad():
+        for model, fn in zip(models, compiled):
+            assert_close(fn(x), model(x))
+        models[1][0].weight.mul_(-0.5)
+        for model, fn in zip(models, compiled):
+            assert_close(fn(x), model(x))
+    c = assert_ran_on_ort()
+    assert c["ort_failures"] == 0 and c["compile_failures"] == 0, metrics.fallbacks()
+    assert c["weight_sets"] == (2 if limit == "copied" else 0)
+    cuda_sessions()
+
+
+def test_attention_on_cuda_runs_on_ort():
+    """Attention in a GPU inference graph (traced through the math path) runs on ORT."""
+    layer = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True).to(DEV).eval()
+    x = torch.randn(2, 9, 32, device=DEV)
+    with torch.no_grad():
+        actual = compile_ort(layer)(x)
+        expected = layer(x)
+    assert_close(actual, expected, rtol=1e-3, atol=1e-4)
+    c = assert_ran_on_ort()
+    assert not [op for op in metrics.fallbacks() if "scaled_dot_product" in op], metrics.fallbacks()
+    assert c["fallback_ops"] == 0, metrics.fallbacks()
+
+
 def test_torchscript_graph_on_cuda():
     from ort_lazy.frontends import jit as jit_frontend
 
