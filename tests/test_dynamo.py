@@ -246,6 +246,31 @@ def test_options_dict_through_torch_compile():
     assert_ran_on_ort()
 
 
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"])
+def test_torch_compile_modes(mode):
+    """``torch.compile(..., mode=...)`` (Inductor's modes, often passed along by habit) is
+    accepted: ``max-autotune`` turns on region autotuning, the others run as the defaults."""
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    x = torch.randn(3, 8)
+    out = torch.compile(model, backend="ort", mode=mode)(x)
+    assert_close(out, model(x))
+    tuned = [k for k in metrics.timings() if k.startswith("autotune_ort:")]
+    assert bool(tuned) == mode.startswith("max-autotune")
+    if not tuned:
+        assert_ran_on_ort()
+
+
+def test_unknown_compile_mode_is_a_clear_error():
+    from ort_lazy.frontends.dynamo import mode_options
+
+    with pytest.raises(ort_lazy.OptionsError, match="mode: unknown value 'fastest'"):
+        mode_options("fastest")
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="accepted: default, reduce-overhead"):
+        torch.compile(torch.nn.Linear(2, 2), backend="ort", mode="fastest")(torch.randn(1, 2))
+
+
 def test_min_block_size_keeps_small_regions_in_pytorch():
     def f(x):
         return torch.ops.ortlazy_test.scale3(x + 1) * 2

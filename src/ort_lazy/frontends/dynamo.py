@@ -17,7 +17,7 @@ import torch.fx
 
 from .. import _compat, metrics
 from ..lowering.aten import compile_captured
-from ..options import Options
+from ..options import Options, OptionsError
 from .settings import resolve_options
 
 __all__ = ["ort_backend", "make_backend", "compile"]
@@ -54,6 +54,26 @@ def _check_ddp_frame() -> None:
 _compat.on_dynamo_frame_compiled(_check_ddp_frame)
 
 
+#: ``torch.compile``'s ``mode`` names as ort-lazy options. The modes tune Inductor; here
+#: ``max-autotune`` times each region on ORT and in PyTorch and keeps the faster (``autotune``),
+#: and ``reduce-overhead`` (Inductor's CUDA graphs) has no counterpart: the defaults.
+COMPILE_MODES: dict[str, dict[str, Any]] = {
+    "default": {},
+    "reduce-overhead": {},
+    "max-autotune": {"autotune": True},
+    "max-autotune-no-cudagraphs": {"autotune": True},
+}
+
+
+def mode_options(mode: str | None) -> dict[str, Any]:
+    """The options ``torch.compile(..., mode=mode)`` stands for. Raises :class:`OptionsError`."""
+    if mode is None:
+        return {}
+    if mode not in COMPILE_MODES:
+        raise OptionsError(f"mode: unknown value {mode!r}; accepted: {', '.join(COMPILE_MODES)}")
+    return dict(COMPILE_MODES[mode])
+
+
 def make_backend(options: Options | Mapping[str, Any] | None = None) -> Callable[..., Any]:
     """A dynamo backend callable bound to ``options`` (an :class:`Options` or a dict of fields).
 
@@ -61,18 +81,24 @@ def make_backend(options: Options | Mapping[str, Any] | None = None) -> Callable
     """
     resolve_options(options)
 
-    def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **_: Any) -> Callable[..., Any]:
-        return compile_captured(gm, example_inputs, resolve_options(options))
+    def backend(
+        gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: str | None = None, **_: Any
+    ) -> Callable[..., Any]:
+        return compile_captured(gm, example_inputs, resolve_options(options, **mode_options(mode)))
 
     backend._ort_lazy_backend = True  # type: ignore[attr-defined]
     return backend
 
 
 def ort_backend(
-    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Mapping[str, Any] | Options | None = None
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    options: Mapping[str, Any] | Options | None = None,
+    mode: str | None = None,
 ) -> Callable[..., Any]:
-    """The ``ort`` dynamo backend: ``torch.compile(model, backend="ort", options={...})``."""
-    return compile_captured(gm, example_inputs, resolve_options(options))
+    """The ``ort`` dynamo backend: ``torch.compile(model, backend="ort", options={...})``;
+    ``mode=`` (instead of ``options``, as torch.compile requires) is read by :data:`COMPILE_MODES`."""
+    return compile_captured(gm, example_inputs, resolve_options(options, **mode_options(mode)))
 
 
 ort_backend._ort_lazy_backend = True  # type: ignore[attr-defined]
