@@ -261,6 +261,16 @@ def test_torch_compile_modes(mode):
         assert_ran_on_ort()
 
 
+def test_ort_lazy_compile_takes_a_mode_too():
+    torch._dynamo.reset()
+    model = torch.nn.Linear(8, 4)
+    x = torch.randn(3, 8)
+    assert_close(ort_lazy.compile(model, mode="max-autotune")(x), model(x))
+    assert [k for k in metrics.timings() if k.startswith("autotune_ort:")]
+    with pytest.raises(ort_lazy.OptionsError, match="mode: unknown value"):
+        ort_lazy.compile(model, mode="fastest")
+
+
 def test_unknown_compile_mode_is_a_clear_error():
     from ort_lazy.frontends.dynamo import mode_options
 

@@ -104,15 +104,19 @@ def ort_backend(
 ort_backend._ort_lazy_backend = True  # type: ignore[attr-defined]
 
 
-def compile(model: Any, *, dynamic: bool | None = None, fullgraph: bool = False, **options: Any) -> Any:
+def compile(
+    model: Any, *, dynamic: bool | None = None, fullgraph: bool = False, mode: str | None = None, **options: Any
+) -> Any:
     """``torch.compile(model, backend="ort")`` with ort-lazy options as keyword arguments (or as
     ``options={...}``, a mapping or an :class:`Options`, as ``torch.compile`` takes them).
 
     ``dynamic`` is both torch.compile's and :attr:`Options.dynamic`: ``False`` compiles for
     concrete shapes only, ``None`` (default) follows ``ORT_LAZY_DYNAMIC`` (on: dynamo turns
-    dims symbolic once they change and one ONNX model serves every size).
+    dims symbolic once they change and one ONNX model serves every size). ``mode`` is one of
+    :data:`COMPILE_MODES` (options given explicitly win over it).
     """
     given = options.pop("options", None)
+    options = {**mode_options(mode), **options}
     if dynamic is not None:
         options["dynamic"] = dynamic
     opts = resolve_options(given, **options)  # invalid options raise here, not at the first call
