@@ -68,10 +68,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def _fresh_metrics():
-    """Every test starts with zeroed counters and no cached ORT sessions."""
+    """Every test starts with zeroed counters, no cached ORT sessions and no kept exports."""
     from ort_lazy import metrics
+    from ort_lazy.export.cache import clear_shared_models
     from ort_lazy.runtime.session import session_cache
 
     metrics.reset()
     session_cache().clear()
+    clear_shared_models()
     yield

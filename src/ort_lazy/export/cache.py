@@ -17,7 +17,7 @@ from ..runtime.disk_cache import cache_key, disk_cache
 from ..specs import OrtModel, spec_to_json
 from .fx import export_graph, spec_of
 
-__all__ = ["cached_export", "graph_device"]
+__all__ = ["cached_export", "clear_shared_models", "graph_device"]
 
 
 def graph_device(gm: torch.fx.GraphModule) -> torch.device:
@@ -51,6 +51,12 @@ def cached_export(
 _SHARED_MODELS: collections.OrderedDict[str, tuple[bytes, Any]] = collections.OrderedDict()
 _SHARED_MODELS_SIZE = 64
 _shared_lock = threading.Lock()
+
+
+def clear_shared_models() -> None:
+    """Forget the models kept in this process (each is exported again when next needed)."""
+    with _shared_lock:
+        _SHARED_MODELS.clear()
 
 
 def _cached_export(
