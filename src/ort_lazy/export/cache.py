@@ -46,8 +46,9 @@ def cached_export(
         return _cached_export(sub, name, options, constants, shared)
 
 
-#: models without weight data (``shared``) exported in this process, by cache key: every
-#: module instance one graph serves (``lowering.aten._per_weight_set``) has the same model
+#: models without weight data (``shared``) exported in this process without a disk cache, by
+#: cache key: every module instance one graph serves (``lowering.aten._per_weight_set``) has
+#: the same model
 _SHARED_MODELS: collections.OrderedDict[str, tuple[bytes, Any]] = collections.OrderedDict()
 _SHARED_MODELS_SIZE = 64
 _shared_lock = threading.Lock()
@@ -72,29 +73,28 @@ def _cached_export(
     else:
         frozen = {str(i): _tensor_digest(t) for i, t in (constants or {}).items()}
     key = cache_key("region", sub.code, [spec_to_json(s) for s in specs], frozen, options.key(), graph_device(sub).type, shared)
-    if shared:
+    if cache is None:  # shared: kept in this process (with a disk cache, the disk keeps it)
         with _shared_lock:
             known = _SHARED_MODELS.get(key)
             if known is not None:
                 _SHARED_MODELS.move_to_end(key)
         if known is not None:
             return OrtModel.from_description(known[0], known[1], name)
-    hit = cache.get_model(key) if cache is not None else None
-    model = None
-    if hit is not None:
-        try:
-            model = OrtModel.from_description(hit[0], hit[1], name)
-        except (KeyError, TypeError, ValueError):
-            pass  # an entry of another layout: export again and overwrite it
-    if model is None:
         model = export_graph(sub, name, constants, providers, shared=shared, precision=options.precision)
-        if cache is not None:
-            cache.put_model(key, model.model_bytes, model.describe())
-    if shared:
         with _shared_lock:
             _SHARED_MODELS[key] = (model.model_bytes, model.describe())
             while len(_SHARED_MODELS) > _SHARED_MODELS_SIZE:
                 _SHARED_MODELS.popitem(last=False)
+        return model
+    hit = cache.get_model(key)
+    if hit is not None:
+        blob, data = hit
+        try:
+            return OrtModel.from_description(blob, data, name)
+        except (KeyError, TypeError, ValueError):
+            pass  # an entry of another layout: export again and overwrite it
+    model = export_graph(sub, name, constants, providers, shared=shared, precision=options.precision)
+    cache.put_model(key, model.model_bytes, model.describe())
     return model
 
 
