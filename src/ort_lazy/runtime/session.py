@@ -74,9 +74,9 @@ class OrtInputError(OrtRunError):
 class SessionCache:
     """A bounded LRU of ORT sessions, safe to use from many threads.
 
-    An entry can depend on tensors that outlive no reference of the cache's (a session reading
-    its initializers from their memory): :meth:`drop_with` ends the entry when one dies, so no
-    later tensor that happens to get the same address is mistaken for it.
+    An entry can depend on tensors the cache holds no reference to (a session reading its
+    initializers from their memory): :meth:`drop_with` ends the entry when one of them dies, so
+    no later tensor that happens to get the same address is mistaken for it.
     """
 
     def __init__(self, capacity: int = 64) -> None:
