@@ -278,3 +278,29 @@ def test_channels_last_model_runs_on_ort(train: bool) -> None:
             assert_close(compiled(x), reference(x))
     c = assert_ran_on_ort()
     assert c["ort_failures"] == 0 and c["export_failures"] == 0 and c["compile_failures"] == 0, metrics.fallbacks()
+
+
+def test_replaced_parameter_objects_and_copies_use_their_own_weights() -> None:
+    """Parameter objects replaced (``load_state_dict(assign=True)``, a new ``nn.Parameter``) and a
+    deep copy of the compiled model: each call computes with the weights the module holds then."""
+    import copy
+
+    torch._dynamo.reset()
+    model = _mlp()
+    source = copy.deepcopy(model)
+    for p in source.parameters():
+        p.data.normal_()
+    x = torch.randn(3, 16)
+    compiled = torch.compile(model, backend="ort")
+    with torch.no_grad():
+        assert_close(compiled(x), model(x))
+        model.load_state_dict(source.state_dict(), assign=True)
+        assert_close(compiled(x), model(x))
+        model[0].weight = torch.nn.Parameter(torch.randn(32, 16))
+        assert_close(compiled(x), model(x))
+        twin = copy.deepcopy(compiled)
+        for p in twin.parameters():
+            p.mul_(-1)
+        assert_close(twin(x), twin._orig_mod(x))
+        assert_close(compiled(x), model(x))
+    assert assert_ran_on_ort()["weight_sets"] == 3
