@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import onnx
 import pytest
 import torch
@@ -304,3 +306,36 @@ def test_replaced_parameter_objects_and_copies_use_their_own_weights() -> None:
         assert_close(twin(x), twin._orig_mod(x))
         assert_close(compiled(x), model(x))
     assert assert_ran_on_ort()["weight_sets"] == 3
+
+
+def test_instances_from_many_threads_build_each_set_once() -> None:
+    """Threads meeting a new module instance together: one build per instance, every result
+    that instance's."""
+    import threading
+
+    torch._dynamo.reset()
+    models = _instances(4)
+    compiled = [torch.compile(m, backend="ort") for m in models]
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        compiled[0](x)
+    errors: list[Any] = []
+
+    def work(start: int) -> None:
+        try:
+            with torch.no_grad():
+                for i in range(12):
+                    k = (start + i) % len(models)
+                    diff = float((compiled[k](x) - models[k](x)).abs().max())
+                    if diff > 1e-4:
+                        errors.append((k, diff))
+        except Exception as e:  # reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:5]
+    assert assert_ran_on_ort()["weight_sets"] == len(models) - 1

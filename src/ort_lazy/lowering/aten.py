@@ -18,6 +18,7 @@ import contextlib
 import copy
 import logging
 import operator
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -151,6 +152,27 @@ def _per_weight_set(
         tuple(map(id, current)): (current, compiled)
     }
     as_inputs: list[Callable[..., Any]] = []
+    lock = threading.Lock()  # one build per new set when threads meet it together
+
+    def for_set(given: tuple[Any, ...]) -> Callable[..., Any]:
+        with lock:
+            entry = sets.get(tuple(map(id, given)))
+            if entry is not None and all(map(operator.is_, given, entry[0])):
+                return entry[1]
+            if len(sets) < MAX_WEIGHT_SETS:
+                metrics.increment("weight_sets")
+                tensors = tuple(given)
+                fn = build(dict(zip(positions, tensors)))
+                sets[tuple(map(id, tensors))] = (tensors, fn)  # holds the tensors: their ids stay theirs
+                return fn
+            if not as_inputs:
+                metrics.warn_once(
+                    "weight-sets",
+                    f"ort-lazy: one graph called with more than {MAX_WEIGHT_SETS} modules' weights; "
+                    "further ones are passed to ORT as graph inputs",
+                )
+                as_inputs.append(build(None))
+            return as_inputs[0]
 
     def run(args: list[Any]) -> Any:
         given = pick(args)
@@ -159,20 +181,7 @@ def _per_weight_set(
         entry = sets.get(tuple(map(id, given)))
         if entry is not None and all(map(operator.is_, given, entry[0])):
             return entry[1](args)
-        if len(sets) < MAX_WEIGHT_SETS:
-            metrics.increment("weight_sets")
-            tensors = tuple(given)
-            fn = build(dict(zip(positions, tensors)))
-            sets[tuple(map(id, tensors))] = (tensors, fn)  # holds the tensors: their ids stay theirs
-            return fn(args)
-        if not as_inputs:
-            metrics.warn_once(
-                "weight-sets",
-                f"ort-lazy: one graph called with more than {MAX_WEIGHT_SETS} modules' weights; "
-                "further ones are passed to ORT as graph inputs",
-            )
-            as_inputs.append(build(None))
-        return as_inputs[0](args)
+        return for_set(given)(args)
 
     run._boxed_call = True  # type: ignore[attr-defined]
     return run
