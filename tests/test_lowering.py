@@ -174,15 +174,15 @@ def _model_bytes(fn, *args) -> bytes:
 
 
 def test_estimated_flops_and_threads() -> None:
-    from ort_lazy.runtime.threads import estimated_flops, region_plan, region_threads
+    from ort_lazy.runtime.threads import estimated_flops, region_plan
 
     small = _model_bytes(lambda a, w: torch.relu(a @ w), torch.randn(32, 256), torch.randn(256, 256))
     # 2*32*256*256 for the matmul + 32*256 for relu
     assert estimated_flops(small) == 2 * 32 * 256 * 256 + 32 * 256
-    assert region_threads(small) == 1
+    assert region_plan(small)[0] == 1
     big = _model_bytes(lambda a, w: a @ w, torch.randn(512, 512), torch.randn(512, 512))
     assert estimated_flops(big) == 2 * 512**3
-    assert region_threads(big) is None
+    assert region_plan(big)[0] is None
     assert region_plan(big) == (None, True)  # 268 MFLOP: parks PyTorch's workers
     assert region_plan(small) == (1, False)
     medium = _model_bytes(lambda a, w: a @ w, torch.randn(256, 512), torch.randn(512, 512))

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["SMALL_REGION_FLOPS", "PARK_REGION_FLOPS", "estimated_flops", "region_threads", "region_plan", "parking"]
+__all__ = ["SMALL_REGION_FLOPS", "PARK_REGION_FLOPS", "estimated_flops", "region_plan", "parking"]
 
 #: Regions estimated below this many floating-point operations per call run on one ORT thread.
 SMALL_REGION_FLOPS = 16e6
@@ -76,11 +76,6 @@ def estimated_flops(model_bytes: bytes) -> float | None:
         else:
             total += numel
     return total
-
-
-def region_threads(model_bytes: bytes) -> int | None:
-    """ORT intra-op threads for a model: 1 for small ones, None (PyTorch's count) otherwise."""
-    return region_plan(model_bytes)[0]
 
 
 def region_plan(model_bytes: bytes) -> tuple[int | None, bool]:
