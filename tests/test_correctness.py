@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from helpers import assert_close, compile_ort
 from ort_lazy import metrics
+from ort_lazy.export.selects import SMALL_SELECT
 from ort_lazy.reasons import Reason
 
 FLOATS = [torch.float64, torch.float32, torch.float16]
@@ -683,13 +684,14 @@ def test_unfold_of_an_empty_batch() -> None:
 
 # -- 14. the ReLU gradient without ORT's Where: exact, non-finite gradients and signed zeros ------
 # ORT's CPU Where is ~30x slower than elementwise arithmetic; threshold_backward computes the
-# gradient by multiplication when every gradient element is finite and by Where otherwise.
+# gradient of a large tensor by multiplication when every gradient element is finite and by
+# Where otherwise; a small one (up to SMALL_SELECT elements) by Where. Both sizes are checked.
 
 
-def _grad_and_input(dtype: torch.dtype, special: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _grad_and_input(dtype: torch.dtype, special: bool, columns: int = 50) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    grad = torch.randn(6, 50, generator=g).to(dtype)
-    x = torch.randn(6, 50, generator=g).to(dtype)
+    grad = torch.randn(6, columns, generator=g).to(dtype)
+    x = torch.randn(6, columns, generator=g).to(dtype)
     x[0, :8] = torch.tensor([0.0, -0.0, float("nan"), float("inf"), -float("inf"), 0.5, 1.0, -1.0], dtype=dtype)
     grad[1, :6] = torch.tensor([-0.0, 0.0, -0.0, 0.0, -2.0, -2.0], dtype=dtype)
     x[1, :6] = torch.tensor([1.0, 1.0, -1.0, -1.0, -1.0, 0.0], dtype=dtype)
@@ -699,11 +701,12 @@ def _grad_and_input(dtype: torch.dtype, special: bool) -> tuple[torch.Tensor, to
     return grad, x
 
 
+@pytest.mark.parametrize("columns", [50, SMALL_SELECT // 6 + 1], ids=["small", "large"])
 @pytest.mark.parametrize("special", [False, True], ids=["finite", "inf-nan"])
 @pytest.mark.parametrize("threshold", [0.0, 0.5])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=str)
-def test_threshold_backward_bit_exact(dtype, threshold, special) -> None:
-    grad, x = _grad_and_input(dtype, special)
+def test_threshold_backward_bit_exact(dtype, threshold, special, columns) -> None:
+    grad, x = _grad_and_input(dtype, special, columns)
     fn = lambda g, t: torch.ops.aten.threshold_backward(g, t, threshold)  # noqa: E731
     metrics.reset()
     got = compile_ort(fn)(grad, x)
