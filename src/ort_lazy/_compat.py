@@ -70,6 +70,24 @@ def aot_autograd(**kwargs: Any) -> Any:
     return _aot(**kwargs)
 
 
+def default_partition() -> Any:
+    """AOTAutograd's default partition function (saves what the backward reads, recomputes nothing)."""
+    from torch._functorch.partitioners import default_partition as _partition
+
+    return _partition
+
+
+def joint_forward_nodes(joint: torch.fx.GraphModule) -> set[torch.fx.Node]:
+    """The nodes of an AOTAutograd joint graph that :func:`default_partition` puts in the
+    forward: every node but the tangents up to the last primal or forward-tagged node."""
+    from torch._functorch._aot_autograd.utils import _is_fwd_seed_offset, _is_primal, _is_tangent
+    from torch._functorch.partitioners import _has_tag_is_forward
+
+    nodes = list(joint.graph.nodes)
+    last = max((i for i, n in enumerate(nodes) if _has_tag_is_forward(n) or _is_primal(n) or _is_fwd_seed_offset(n)), default=-1)
+    return {n for n in nodes[: last + 1] if not _is_tangent(n) and n.op != "output"}
+
+
 def dynamo_control_exceptions() -> tuple[type[BaseException], ...]:
     """Exceptions dynamo raises through a backend to steer its own tracing (restart the
     analysis, skip the frame): a backend must let them pass, never treat them as failures."""

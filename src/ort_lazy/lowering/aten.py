@@ -32,6 +32,7 @@ from ..partition import compile_graph
 from ..runtime.flavour import OrtUnavailableError
 from ..runtime.region import OrtRegion
 from .decompositions import decomposition_table
+from .joint import partition
 from .rewrites import drop_unused_indices, lower_fast_paths
 
 __all__ = ["compile_captured", "copy_graph_module"]
@@ -304,6 +305,7 @@ def _compile(gm: torch.nn.Module, example_inputs: Sequence[Any], options: Option
         inference_compiler=_aot_compiler(options, "inference", frozen, mode),
         decompositions=decomposition_table(options.cache_dir, options.torch_ops),
         keep_inference_input_mutations=True,
+        partition_fn=partition,
     )
     if not torch.is_grad_enabled() and isinstance(work, torch.fx.GraphModule):
         inference = _inference_graph(work, example_inputs, options, frozen, device_type, mode)

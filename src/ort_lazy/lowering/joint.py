@@ -1,0 +1,177 @@
+"""The training graph's forward/backward split, with what the backward saves made cheap for ORT.
+
+AOTAutograd traces one joint graph (forward and backward) and a partition function decides
+which forward values the backward keeps ("saved tensors"). Every saved value is an output of a
+forward ORT region, and ORT materializes each output in a buffer of its own, where eager's
+saved views cost nothing. Three patterns of the joint graph make that expensive:
+
+- **a weight's transpose, transposed back**: ``linear`` uses ``t(weight)``; its gradient uses
+  ``t(t(weight))``. The backward then saves ``t(weight)``: on ORT a transposed copy of every
+  weight per step, and a ``Transpose`` ORT can no longer fold into its ``Gemm`` (the
+  transposed value is an output).
+- **detached copies of saved activations**: the ReLU gradient reads ``detach(detach(relu))``,
+  so the backward saves both ``relu`` and ``detach(relu)``: two copies of the same values.
+- **reshaped activations**: ``flatten(relu)`` before a linear layer is saved beside ``relu``.
+
+:func:`simplify_joint` points the uses of detach chains and of transposes that cancel at their
+source (the values are the same: ``detach`` only stops gradients, which the joint graph has
+already traced). :func:`views_to_backward` then gives the backward its own copy of every
+other chain of element-preserving views it reads from the forward, so the backward saves the
+chain's base (a weight is a forward input, handed over without ORT) and recomputes the views,
+which ORT folds into their consumers. :func:`partition` runs both before torch's default
+partition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.fx
+
+from .. import _compat
+
+__all__ = ["simplify_joint", "views_to_backward", "partition"]
+
+_DETACHES = {torch.ops.aten.detach.default, torch.ops.aten.alias.default}
+
+#: views whose result has the elements of their input, each once (or, ``expand``, repeated):
+#: saving the input instead of the view never saves more
+_WHOLE_VIEWS = {
+    *_DETACHES,
+    torch.ops.aten.view.default,
+    torch.ops.aten._unsafe_view.default,
+    torch.ops.aten.reshape.default,
+    torch.ops.aten.t.default,
+    torch.ops.aten.transpose.int,
+    torch.ops.aten.permute.default,
+    torch.ops.aten.unsqueeze.default,
+    torch.ops.aten.squeeze.default,
+    torch.ops.aten.squeeze.dim,
+    torch.ops.aten.squeeze.dims,
+    torch.ops.aten.expand.default,
+}
+
+
+def _permutation(node: torch.fx.Node) -> tuple[torch.fx.Node, list[int]] | None:
+    """``(input, perm)`` when ``node`` only permutes its input's dims (t, transpose, permute)."""
+    if node.op != "call_function" or not isinstance(node.args[0], torch.fx.Node):
+        return None
+    source = node.args[0]
+    val = source.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        return None
+    rank = val.dim()
+    if node.target is torch.ops.aten.t.default:
+        return (source, [1, 0]) if rank == 2 else None
+    if node.target is torch.ops.aten.transpose.int:
+        perm = list(range(rank))
+        a, b = (d % rank for d in node.args[1:3])
+        perm[a], perm[b] = perm[b], perm[a]
+        return source, perm
+    if node.target is torch.ops.aten.permute.default:
+        return source, [d % rank for d in node.args[1]]
+    return None
+
+
+def _source(node: torch.fx.Node) -> torch.fx.Node:
+    """The value ``node`` equals once detaches and permutations that cancel are skipped."""
+    current, perm = node, None  # perm: how the dims of `current` map to those of `node`
+    best = node
+    while current.op == "call_function":
+        if current.target in _DETACHES and isinstance(current.args[0], torch.fx.Node):
+            current = current.args[0]
+        else:
+            step = _permutation(current)
+            if step is None:
+                break
+            current, inner = step
+            # node's dim i is current-before-step's dim perm[i], which is current's inner[perm[i]]
+            perm = inner if perm is None else [inner[p] for p in perm]
+        if perm is None or perm == sorted(perm):
+            best = current
+    return best
+
+
+def simplify_joint(gm: torch.fx.GraphModule) -> int:
+    """Point the uses of detach chains and cancelling transposes at their source, in place.
+
+    Uses by the graph's output are left alone (AOTAutograd has recorded how the outputs alias).
+    Returns the number of uses rewritten.
+    """
+    rewritten = 0
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        for i, arg in enumerate(node.args):
+            if isinstance(arg, torch.fx.Node) and arg.op == "call_function":
+                source = _source(arg)
+                if source is not arg:
+                    node.update_arg(i, source)
+                    rewritten += 1
+        for key, arg in list(node.kwargs.items()):
+            if isinstance(arg, torch.fx.Node) and arg.op == "call_function":
+                source = _source(arg)
+                if source is not arg:
+                    node.update_kwarg(key, source)
+                    rewritten += 1
+    if rewritten:  # the chains left without users are dropped by the partition's own cleanup
+        gm.recompile()
+    return rewritten
+
+
+def views_to_backward(gm: torch.fx.GraphModule) -> int:
+    """Give the backward its own copy of each chain of whole views it reads from the forward.
+
+    The copies sit right before their first backward user, after every forward node, so the
+    default partition puts them in the backward and saves the chain's base instead of the view.
+    In place; returns the number of views copied.
+    """
+    if any(n.meta.get("recompute") is not None for n in gm.graph.nodes):
+        return 0  # activation checkpointing: the partition follows the user's policy
+    forward = _compat.joint_forward_nodes(gm)
+    copies: dict[torch.fx.Node, torch.fx.Node] = {}
+
+    def copy_chain(node: torch.fx.Node, before: torch.fx.Node) -> torch.fx.Node:
+        if node in copies:
+            return copies[node]
+        base = node.args[0]
+        if isinstance(base, torch.fx.Node) and base in forward and _is_whole_view(base):
+            base = copy_chain(base, before)
+        with gm.graph.inserting_before(before):
+            made = gm.graph.node_copy(node, lambda n: base if n is node.args[0] else n)
+        made.meta.pop("partitioner_tag", None)  # a copy of a forward node, placed in the backward
+        copies[node] = made
+        return made
+
+    for node in list(gm.graph.nodes):
+        if node not in forward or not _is_whole_view(node):
+            continue
+        users = [u for u in node.users if u not in forward and u.op != "output"]
+        if not users:
+            continue
+        first = min(users, key=_position(gm))
+        made = copy_chain(node, first)
+        for user in users:
+            user.replace_input_with(node, made)
+    if copies:
+        gm.recompile()
+    return len(copies)
+
+
+def _is_whole_view(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and node.target in _WHOLE_VIEWS and isinstance(node.args[0], torch.fx.Node)
+
+
+def _position(gm: torch.fx.GraphModule) -> Any:
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    return order.__getitem__
+
+
+def partition(joint: torch.fx.GraphModule, joint_inputs: Sequence[Any], **kwargs: Any) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
+    """AOTAutograd partition function: :func:`simplify_joint` and :func:`views_to_backward`,
+    then torch's default partition."""
+    simplify_joint(joint)
+    views_to_backward(joint)
+    return _compat.default_partition()(joint, joint_inputs, **kwargs)

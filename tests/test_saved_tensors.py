@@ -1,0 +1,155 @@
+"""What a training graph's forward region hands to the backward: no copies ORT must make.
+
+Every saved tensor is an output of a forward ORT region, which ORT writes into a buffer of its
+own. A saved tensor that is only a transposed weight, or a second (detached) name of another
+saved activation, is a copy eager never makes: these tests train real layer mixes, check the
+gradients against eager, and check that no forward region output is such a copy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from unittest import mock
+
+import pytest
+import torch
+import torch.fx
+from torch import nn
+
+from helpers import assert_ran_on_ort, train_parity
+from ort_lazy import _compat
+from ort_lazy.lowering import aten
+from ort_lazy.lowering.joint import _WHOLE_VIEWS, partition, simplify_joint
+from ort_lazy.models import MLP
+
+
+def _view_copies(forward: torch.fx.GraphModule) -> list[str]:
+    """Outputs of a forward graph that are only views of a graph input or of another output:
+    tensors eager keeps as views, which ORT would have to write out as copies."""
+    output = next(n for n in forward.graph.nodes if n.op == "output")
+    outputs = [a for a in output.args[0] if isinstance(a, torch.fx.Node)]
+    found = []
+    for node in outputs:
+        value = node
+        while value.op == "call_function" and value.target in _WHOLE_VIEWS:
+            value = value.args[0]
+            if value.op == "placeholder" or (value in outputs and value is not node):
+                found.append(f"{node.name} <- {value.name}")
+                break
+    return found
+
+
+def _train_capturing(make: Any, inputs: tuple[torch.Tensor, ...], split: Any = partition) -> list[torch.fx.GraphModule]:
+    """``train_parity`` for two steps, ``split`` partitioning the joint graphs; returns the
+    forward graphs."""
+    forwards: list[torch.fx.GraphModule] = []
+
+    def capturing(*args: object, **kwargs: object) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
+        fw, bw = split(*args, **kwargs)
+        forwards.append(fw)
+        return fw, bw
+
+    with mock.patch.object(aten, "partition", capturing):
+        train_parity(make, inputs, steps=2)
+    return forwards
+
+
+class _Explicit(nn.Module):
+    """Weights used transposed and permuted by hand, around ReLU, GELU and a residual."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(16, 12) * 0.2)
+        self.v = nn.Parameter(torch.randn(4, 3, 12) * 0.2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(x @ self.w.t())  # [n, 16]
+        g = torch.nn.functional.gelu(h[:, :12] @ self.v.permute(2, 0, 1).reshape(12, 12))
+        return g + x
+
+
+_MODELS = {
+    "mlp": (lambda: MLP(width=32, depth=3, out=5), lambda: (torch.randn(6, 32),)),
+    "linear-no-bias": (lambda: nn.Sequential(nn.Linear(8, 8, bias=False), nn.ReLU(), nn.Linear(8, 3, bias=False)), lambda: (torch.randn(4, 8),)),
+    "explicit-transposes": (_Explicit, lambda: (torch.randn(5, 12),)),
+    "transformer": (
+        lambda: nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0, batch_first=True),
+        lambda: (torch.randn(2, 5, 16),),
+    ),
+    "conv-relu": (
+        lambda: nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3)),
+        lambda: (torch.randn(2, 3, 8, 8),),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_MODELS))
+def test_forward_regions_save_no_copies(name: str) -> None:
+    make, inputs = _MODELS[name]
+    torch.manual_seed(0)
+    forwards = _train_capturing(make, inputs())
+    assert_ran_on_ort(4)
+    assert forwards, "no training graph was partitioned"
+    for forward in forwards:
+        assert _view_copies(forward) == [], forward.code
+
+
+def test_copy_detector_sees_copies() -> None:
+    """The check above can fail: the default partition saves views of weights and activations."""
+    torch.manual_seed(0)
+    make, inputs = _MODELS["mlp"]
+    forwards = _train_capturing(make, inputs(), _compat.default_partition())
+    found = [c for f in forwards for c in _view_copies(f)]
+    assert any("<- primals" in c for c in found) and any("<- relu" in c for c in found), found
+
+
+def _joint(fn: object, *shapes: tuple[int, ...]) -> torch.fx.GraphModule:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    return make_fx(fn)(*(torch.randn(s) for s in shapes))
+
+
+def _targets(gm: torch.fx.GraphModule) -> list[str]:
+    return [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def test_simplify_joint_points_uses_at_sources() -> None:
+    def fn(w: torch.Tensor, x: torch.Tensor, p: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        t = torch.ops.aten.t(w)
+        back = torch.ops.aten.t(t)  # = w
+        a = torch.ops.aten.mm(x, back)
+        d = torch.ops.aten.detach(torch.ops.aten.detach(a))  # = a
+        b = torch.ops.aten.relu(d)
+        q = torch.ops.aten.permute(torch.ops.aten.permute(p, [1, 2, 0]), [2, 0, 1])  # = p
+        r = torch.ops.aten.permute(torch.ops.aten.permute(p, [1, 2, 0]), [1, 2, 0])  # not p
+        s = torch.ops.aten.transpose(torch.ops.aten.transpose(p, 0, -1), 2, 0)  # = p
+        return b + 1, q * 2, r * 2, s * 3, t
+
+    gm = _joint(fn, (3, 3), (2, 3), (2, 3, 4))
+    expected = fn(*(torch.randn(s) for s in ((3, 3), (2, 3), (2, 3, 4))))
+    args = [torch.randn(s) for s in ((3, 3), (2, 3), (2, 3, 4))]
+    before = gm(*args)
+    assert simplify_joint(gm) == 5  # the outer detach's input, then the relu's
+    after = gm(*args)
+    for a, b in zip(after, before):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    mm = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.mm.default)
+    relu = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.relu.default)
+    assert mm.args[1] is placeholders[0]  # t(t(w)) -> w
+    assert relu.args[0] is mm  # detach(detach(a)) -> a
+    muls = [n for n in gm.graph.nodes if n.target is torch.ops.aten.mul.Tensor]
+    assert muls[0].args[0] is placeholders[2]  # inverse permutes -> p
+    assert muls[1].args[0] is not placeholders[2]  # a permute applied twice is not p
+    assert muls[2].args[0] is placeholders[2]  # transposes that cancel
+    # the graph's outputs are left as they were (AOTAutograd knows how they alias)
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    assert output.args[0][-1].target is torch.ops.aten.t.default
+    assert len(expected) == len(after)
+
+
+def test_simplify_joint_leaves_graphs_without_chains() -> None:
+    gm = _joint(lambda x, w: torch.relu(x @ w.t()), (2, 3), (4, 3))
+    before = _targets(gm)
+    assert simplify_joint(gm) == 0
+    assert _targets(gm) == before
