@@ -34,6 +34,7 @@ from ..runtime.region import OrtRegion
 from .decompositions import decomposition_table
 from .joint import partition
 from .rewrites import drop_unused_indices, lower_fast_paths
+from .simplify import simplify_aten
 
 __all__ = ["compile_captured", "copy_graph_module"]
 
@@ -94,6 +95,7 @@ def _aot_compiler(
     def build(gm: torch.fx.GraphModule, constants: dict[int, torch.Tensor] | None) -> Callable[..., Any]:
         try:
             work = copy_graph_module(gm)
+            simplify_aten(work)
             # dead values (a view AOTAutograd regenerates outside the graph) would make regions
             # without outputs; ops that write stay (impure)
             work.graph.eliminate_dead_code()
