@@ -19,19 +19,19 @@ from torch import nn
 from helpers import assert_ran_on_ort, train_parity
 from ort_lazy import _compat
 from ort_lazy.lowering import aten
-from ort_lazy.lowering.joint import _WHOLE_VIEWS, partition, simplify_joint
+from ort_lazy.lowering.joint import _WHOLE_VIEWS, _plain_clone, partition, simplify_joint
 from ort_lazy.models import MLP
 
 
 def _view_copies(forward: torch.fx.GraphModule) -> list[str]:
-    """Outputs of a forward graph that are only views of a graph input or of another output:
-    tensors eager keeps as views, which ORT would have to write out as copies."""
+    """Outputs of a forward graph that are only views of a graph input or of another output, or
+    plain clones of another output: tensors ORT would write out again."""
     output = next(n for n in forward.graph.nodes if n.op == "output")
     outputs = [a for a in output.args[0] if isinstance(a, torch.fx.Node)]
     found = []
     for node in outputs:
         value = node
-        while value.op == "call_function" and value.target in _WHOLE_VIEWS:
+        while value.op == "call_function" and (value.target in _WHOLE_VIEWS or _plain_clone(value)):
             value = value.args[0]
             if value.op == "placeholder" or (value in outputs and value is not node):
                 found.append(f"{node.name} <- {value.name}")
@@ -75,6 +75,10 @@ _MODELS = {
     "transformer": (
         lambda: nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0, batch_first=True),
         lambda: (torch.randn(2, 5, 16),),
+    ),
+    "dropout-0": (
+        lambda: nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.0), nn.Linear(16, 8), nn.Dropout(0.0), nn.Linear(8, 2)),
+        lambda: (torch.randn(4, 8),),
     ),
     "conv-relu": (
         lambda: nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3)),
@@ -153,3 +157,23 @@ def test_simplify_joint_leaves_graphs_without_chains() -> None:
     before = _targets(gm)
     assert simplify_joint(gm) == 0
     assert _targets(gm) == before
+
+
+def test_simplify_joint_skips_clones_of_computed_values_only() -> None:
+    def fn(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        r = torch.ops.aten.relu(x)
+        a = torch.ops.aten.clone(r) * 2  # -> r
+        b = torch.ops.aten.clone(w) * 3  # a graph input may be written later: kept
+        c = torch.ops.aten.clone(torch.ops.aten.t(r), memory_format=torch.contiguous_format) * 4  # new layout: kept
+        return a, b, c
+
+    gm = _joint(fn, (3, 3), (3, 3))
+    args = [torch.randn(3, 3), torch.randn(3, 3)]
+    before = gm(*args)
+    assert simplify_joint(gm) == 1
+    for x, y in zip(gm(*args), before):
+        torch.testing.assert_close(x, y, rtol=0, atol=0)
+    muls = [n for n in gm.graph.nodes if n.target is torch.ops.aten.mul.Tensor]
+    assert muls[0].args[0].target is torch.ops.aten.relu.default
+    assert muls[1].args[0].target is torch.ops.aten.clone.default
+    assert muls[2].args[0].target is torch.ops.aten.clone.default

@@ -12,10 +12,12 @@ saved views cost nothing. Three patterns of the joint graph make that expensive:
 - **detached copies of saved activations**: the ReLU gradient reads ``detach(detach(relu))``,
   so the backward saves both ``relu`` and ``detach(relu)``: two copies of the same values.
 - **reshaped activations**: ``flatten(relu)`` before a linear layer is saved beside ``relu``.
+- **clones**: dropout with ``p=0`` in training mode is ``clone``; the backward saved both the
+  activation and its clone (a TransformerEncoderLayer's feed-forward: 8 MB copied per step).
 
-:func:`simplify_joint` points the uses of detach chains and of transposes that cancel at their
-source (the values are the same: ``detach`` only stops gradients, which the joint graph has
-already traced). :func:`views_to_backward` then gives the backward its own copy of every
+:func:`simplify_joint` points the uses of detach chains, plain clones and of transposes that
+cancel at their source (the values are the same: ``detach`` only stops gradients, which the
+joint graph has already traced, and the graph's own values are never written). :func:`views_to_backward` then gives the backward its own copy of every
 other chain of element-preserving views it reads from the forward, so the backward saves the
 chain's base (a weight is a forward input, handed over without ORT) and recomputes the views,
 which ORT folds into their consumers. :func:`partition` runs both before torch's default
@@ -75,13 +77,33 @@ def _permutation(node: torch.fx.Node) -> tuple[torch.fx.Node, list[int]] | None:
     return None
 
 
+def _plain_clone(node: torch.fx.Node) -> bool:
+    """A ``clone`` that keeps its (contiguous) input's layout: the same values and strides."""
+    if node.target is not torch.ops.aten.clone.default or not isinstance(node.args[0], torch.fx.Node):
+        return False
+    val = node.args[0].meta.get("val")
+    layout = node.kwargs.get("memory_format")
+    return (
+        isinstance(val, torch.Tensor)
+        and layout in (None, torch.contiguous_format, torch.preserve_format)
+        and val.is_contiguous()
+    )
+
+
 def _source(node: torch.fx.Node) -> torch.fx.Node:
-    """The value ``node`` equals once detaches and permutations that cancel are skipped."""
+    """The value ``node`` equals once detaches, plain clones of intermediates and permutations
+    that cancel are skipped.
+
+    A clone is skipped only on the way to a value the graph computes: a graph input may be
+    written later (input mutations), while the graph's own values never are (functional).
+    """
     current, perm = node, None  # perm: how the dims of `current` map to those of `node`
-    best = node
+    best, cloned = node, False
     while current.op == "call_function":
         if current.target in _DETACHES and isinstance(current.args[0], torch.fx.Node):
             current = current.args[0]
+        elif _plain_clone(current):
+            current, cloned = current.args[0], True
         else:
             step = _permutation(current)
             if step is None:
@@ -89,7 +111,7 @@ def _source(node: torch.fx.Node) -> torch.fx.Node:
             current, inner = step
             # node's dim i is current-before-step's dim perm[i], which is current's inner[perm[i]]
             perm = inner if perm is None else [inner[p] for p in perm]
-        if perm is None or perm == sorted(perm):
+        if (perm is None or perm == sorted(perm)) and not (cloned and current.op == "placeholder"):
             best = current
     return best
 
