@@ -394,11 +394,15 @@ def test_values_beyond_float32_are_exact(name: str, fn, args) -> None:
     _assert_exact_on_ort(name, fn, args)
 
 
-def _assert_exact_on_ort(name: str, fn, args) -> None:
+#: options putting every op with a translation on ORT, ``torch_preferred_ops`` included
+_ON_ORT = {"torch_preferred_ops": ()}
+
+
+def _assert_exact_on_ort(name: str, fn, args, **options) -> None:
     """ORT ran all of ``fn`` and matched eager: integers exactly, floats with the same NaN and
     infinities and within 4 epsilon relative elsewhere (also for every output of a tuple)."""
     expected = fn(*args)
-    got = compile_ort(fn)(*args)
+    got = compile_ort(fn, **options)(*args)
     c = metrics.counters()
     assert c["ort_runs"] >= 1 and c["fallback_ops"] == 0, (name, metrics.fallbacks())
     if isinstance(expected, tuple):
@@ -514,13 +518,15 @@ _NAN_CASES = [
 
 @pytest.mark.parametrize("name,fn,args", _NAN_CASES, ids=[c[0] for c in _NAN_CASES])
 def test_nan_and_infinities_as_eager(name: str, fn, args) -> None:
-    _assert_exact_on_ort(name, fn, args)
+    # max pooling with indices runs in PyTorch by default (torch_preferred_ops): its translation
+    # is checked on ORT
+    _assert_exact_on_ort(name, fn, args, **(_ON_ORT if "with indices" in name else {}))
 
 
 def test_max_pooling_gradient_goes_to_the_nan_like_eager() -> None:
     x = torch.randn(2, 3, 8, 8)
     x[0, 1, 2, 3] = math.nan
-    c = parity(lambda a: F.max_pool2d(a, 2).nan_to_num(0.0) * 2, x, rtol=0, atol=0)
+    c = parity(lambda a: F.max_pool2d(a, 2).nan_to_num(0.0) * 2, x, rtol=0, atol=0, **_ON_ORT)
     assert c["ort_runs"] >= 2 and c["fallback_ops"] == 0, metrics.fallbacks()
 
 
@@ -759,7 +765,7 @@ def test_max_pool_indices_and_gradients_as_eager(name, dims, pool, shape) -> Non
     flat[-7] = math.nan
     flat[11] = -math.inf
     metrics.reset()
-    compiled = compile_ort(pool)
+    compiled = compile_ort(pool, **_ON_ORT)
     xs = x.clone().requires_grad_(True)
     got, got_idx = compiled(xs)
     expected, expected_idx = pool(x.clone().requires_grad_(True))
@@ -783,13 +789,32 @@ def test_training_max_pool_runs_one_pooling_with_indices() -> None:
 
     x = torch.randn(2, 4, 12, 12, requires_grad=True)
     with captured_exports() as models:
-        compile_ort(lambda t: F.max_pool2d(t, 3, 2, 1) * 2)(x).sum().backward()
+        compile_ort(lambda t: F.max_pool2d(t, 3, 2, 1) * 2, **_ON_ORT)(x).sum().backward()
     forward = [onnx.load_from_string(m.model_bytes).graph for m in models if "forward" in m.name]
     pools = [n for g in forward for n in g.node if n.op_type == "MaxPool"]
     # the values with indices (read by the backward); the NaN rule's pooling (without) only in
     # the branch taken when the input holds a NaN
     assert [len(n.output) for n in pools] == [2], [list(n.output) for n in pools]
     assert _nan_branch_pools(forward) == [1]
+
+
+def test_max_pooling_with_indices_is_preferred_in_pytorch_by_default() -> None:
+    """By default training-mode max pooling (indices read by the backward) runs PyTorch's
+    kernel, about half ORT's time, with the same values and gradients; inference pooling
+    (indices unused) stays on ORT's fast kernel."""
+    x = torch.randn(2, 4, 12, 12)
+    x[0, 1, 2, 3] = math.nan
+    conv = torch.nn.Conv2d(4, 4, 3)
+    fn = lambda a: F.max_pool2d(conv(a).relu(), 3, 2, 1).nan_to_num(0.0) * 2  # noqa: E731
+    metrics.reset()
+    c = parity(fn, x, rtol=1e-5, atol=1e-6)
+    assert c["ort_runs"] >= 2, c
+    preferred = {op for op, reasons in metrics.fallbacks().items() if Reason.PREFERRED in reasons}
+    assert "aten.max_pool2d_with_indices.default" in preferred, metrics.fallbacks()
+    metrics.reset()
+    parity(fn, x, no_grad=True, rtol=1e-5, atol=1e-6)
+    c = metrics.counters()
+    assert c["ort_runs"] >= 1 and c["fallback_ops"] == 0, metrics.fallbacks()
 
 
 def _nan_branch_pools(graphs: list) -> list[int]:
