@@ -177,3 +177,18 @@ def test_simplify_joint_skips_clones_of_computed_values_only() -> None:
     assert muls[0].args[0].target is torch.ops.aten.relu.default
     assert muls[1].args[0].target is torch.ops.aten.clone.default
     assert muls[2].args[0].target is torch.ops.aten.clone.default
+
+
+def test_simplify_joint_keeps_reads_of_inputs_written_later() -> None:
+    """A detach of a graph input the graph then writes into (running statistics) is not
+    pointed at the input: the read must see the value from before the write."""
+
+    def fn(b: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.aten.mul(x, torch.ops.aten.detach(torch.ops.aten.detach(b)))
+        torch.ops.aten.copy_(b, x)
+        return y
+
+    gm = _joint(fn, (3,), (3,))
+    assert simplify_joint(gm) == 0
+    mul = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.mul.Tensor)
+    assert mul.args[1].target is torch.ops.aten.detach.default

@@ -123,19 +123,20 @@ def simplify_joint(gm: torch.fx.GraphModule) -> int:
     Returns the number of uses rewritten.
     """
     rewritten = 0
+    written = _written_placeholders(gm)
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
         for i, arg in enumerate(node.args):
             if isinstance(arg, torch.fx.Node) and arg.op == "call_function":
                 source = _source(arg)
-                if source is not arg:
+                if source is not arg and source not in written:
                     node.update_arg(i, source)
                     rewritten += 1
         for key, arg in list(node.kwargs.items()):
             if isinstance(arg, torch.fx.Node) and arg.op == "call_function":
                 source = _source(arg)
-                if source is not arg:
+                if source is not arg and source not in written:
                     node.update_kwarg(key, source)
                     rewritten += 1
     if rewritten:  # the chains left without users are dropped by the partition's own cleanup
@@ -153,6 +154,7 @@ def views_to_backward(gm: torch.fx.GraphModule) -> int:
     if any(n.meta.get("recompute") is not None for n in gm.graph.nodes):
         return 0  # activation checkpointing: the partition follows the user's policy
     forward = _compat.joint_forward_nodes(gm)
+    written = _written_placeholders(gm)
     copies: dict[torch.fx.Node, torch.fx.Node] = {}
 
     def copy_chain(node: torch.fx.Node, before: torch.fx.Node) -> torch.fx.Node:
@@ -171,8 +173,8 @@ def views_to_backward(gm: torch.fx.GraphModule) -> int:
         if node not in forward or not _is_whole_view(node):
             continue
         users = [u for u in node.users if u not in forward and u.op != "output"]
-        if not users:
-            continue
+        if not users or _chain_base(node) in written:
+            continue  # a graph input written later: the backward keeps the forward's copy
         first = min(users, key=_position(gm))
         made = copy_chain(node, first)
         for user in users:
@@ -180,6 +182,26 @@ def views_to_backward(gm: torch.fx.GraphModule) -> int:
     if copies:
         gm.recompile()
     return len(copies)
+
+
+def _chain_base(node: torch.fx.Node) -> torch.fx.Node:
+    """The first value below a chain of whole views."""
+    while _is_whole_view(node):
+        node = node.args[0]
+    return node
+
+
+def _written_placeholders(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
+    """The graph inputs an op of ``gm`` writes into (input mutations, e.g. running statistics)."""
+    written = set()
+    for node in gm.graph.nodes:
+        target = node.target
+        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload) or not target._schema.is_mutable:
+            continue
+        for arg, value in zip(target._schema.arguments, node.args):
+            if arg.alias_info is not None and arg.alias_info.is_write and isinstance(value, torch.fx.Node):
+                written.add(_chain_base(value))
+    return {n for n in written if n.op == "placeholder"}
 
 
 def _is_whole_view(node: torch.fx.Node) -> bool:
