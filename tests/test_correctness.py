@@ -694,21 +694,25 @@ def test_unfold_of_an_empty_batch() -> None:
 # Where otherwise; a small one (up to SMALL_SELECT elements) by Where. Both sizes are checked.
 
 
-def _grad_and_input(dtype: torch.dtype, special: bool, columns: int = 50) -> tuple[torch.Tensor, torch.Tensor]:
+def _grad_and_input(dtype: torch.dtype, special: str, columns: int = 50) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     grad = torch.randn(6, columns, generator=g).to(dtype)
     x = torch.randn(6, columns, generator=g).to(dtype)
     x[0, :8] = torch.tensor([0.0, -0.0, float("nan"), float("inf"), -float("inf"), 0.5, 1.0, -1.0], dtype=dtype)
     grad[1, :6] = torch.tensor([-0.0, 0.0, -0.0, 0.0, -2.0, -2.0], dtype=dtype)
     x[1, :6] = torch.tensor([1.0, 1.0, -1.0, -1.0, -1.0, 0.0], dtype=dtype)
-    if special:  # inf and NaN gradients, where the input passes and where it is clamped
+    if special == "inf-nan":  # inf and NaN gradients, where the input passes and where it is clamped
         grad[2, :4] = torch.tensor([float("inf"), -float("inf"), float("nan"), float("inf")], dtype=dtype)
         x[2, :4] = torch.tensor([-1.0, 2.0, -3.0, 4.0], dtype=dtype)
+    if special == "inf":  # only +inf, where the input is clamped (inf * 0 would be NaN)
+        grad[2, 0], x[2, 0] = float("inf"), -1.0
+    if special == "overflow":  # finite gradients whose sum overflows (the finiteness check's sum)
+        grad[3, :] = torch.finfo(dtype).max
     return grad, x
 
 
 @pytest.mark.parametrize("columns", [50, SMALL_SELECT // 6 + 1], ids=["small", "large"])
-@pytest.mark.parametrize("special", [False, True], ids=["finite", "inf-nan"])
+@pytest.mark.parametrize("special", ["finite", "inf-nan", "inf", "overflow"])
 @pytest.mark.parametrize("threshold", [0.0, 0.5])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=str)
 def test_threshold_backward_bit_exact(dtype, threshold, special, columns) -> None:
