@@ -147,36 +147,40 @@ def simplify_joint(gm: torch.fx.GraphModule) -> int:
 def views_to_backward(gm: torch.fx.GraphModule) -> int:
     """Give the backward its own copy of each chain of whole views it reads from the forward.
 
-    The copies sit right before their first backward user, after every forward node, so the
-    default partition puts them in the backward and saves the chain's base instead of the view.
-    In place; returns the number of views copied.
+    The copies open the backward (right after the last forward node, in forward order, so
+    each follows what it reads), and the default partition puts them there and saves the
+    chain's base instead of the view. In place; returns the number of views copied.
     """
     if any(n.meta.get("recompute") is not None for n in gm.graph.nodes):
         return 0  # activation checkpointing: the partition follows the user's policy
     forward = _compat.joint_forward_nodes(gm)
+    start = next((n for n in gm.graph.nodes if n not in forward and n.op != "placeholder"), None)
+    if start is None or start.op == "output":
+        return 0  # no backward
     written = _written_placeholders(gm)
     copies: dict[torch.fx.Node, torch.fx.Node] = {}
+    made_nodes: set[torch.fx.Node] = set()
 
-    def copy_chain(node: torch.fx.Node, before: torch.fx.Node) -> torch.fx.Node:
+    def copy_chain(node: torch.fx.Node) -> torch.fx.Node:
         if node in copies:
             return copies[node]
         base = node.args[0]
         if isinstance(base, torch.fx.Node) and base in forward and _is_whole_view(base):
-            base = copy_chain(base, before)
-        with gm.graph.inserting_before(before):
+            base = copy_chain(base)
+        with gm.graph.inserting_before(start):
             made = gm.graph.node_copy(node, lambda n: base if n is node.args[0] else n)
         made.meta.pop("partitioner_tag", None)  # a copy of a forward node, placed in the backward
         copies[node] = made
+        made_nodes.add(made)
         return made
 
     for node in list(gm.graph.nodes):
         if node not in forward or not _is_whole_view(node):
             continue
-        users = [u for u in node.users if u not in forward and u.op != "output"]
+        users = [u for u in node.users if u not in forward and u.op != "output" and u not in made_nodes]
         if not users or _chain_base(node) in written:
             continue  # a graph input written later: the backward keeps the forward's copy
-        first = min(users, key=_position(gm))
-        made = copy_chain(node, first)
+        made = copy_chain(node)
         for user in users:
             user.replace_input_with(node, made)
     if copies:
@@ -206,11 +210,6 @@ def _written_placeholders(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
 
 def _is_whole_view(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and node.target in _WHOLE_VIEWS and isinstance(node.args[0], torch.fx.Node)
-
-
-def _position(gm: torch.fx.GraphModule) -> Any:
-    order = {n: i for i, n in enumerate(gm.graph.nodes)}
-    return order.__getitem__
 
 
 def partition(joint: torch.fx.GraphModule, joint_inputs: Sequence[Any], **kwargs: Any) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
