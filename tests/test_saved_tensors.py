@@ -219,3 +219,24 @@ def test_views_to_backward_keeps_the_graph_in_order() -> None:
     gm.graph.lint()  # every node after its inputs
     for a, b in zip(gm(*args), before):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+class _ClonedThenWritten(nn.Module):
+    """A buffer read through a clone, then written in place in the same forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 4))
+        self.register_buffer("b", torch.randn(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = (x @ self.w.t() * self.b.clone()).relu()
+        self.b.mul_(2)
+        return y * self.b
+
+
+def test_clone_of_an_input_written_later_keeps_its_value() -> None:
+    """The backward reads the clone's value (the buffer before the write), as eager does."""
+    torch.manual_seed(0)
+    train_parity(_ClonedThenWritten, (torch.randn(3, 4),), steps=2)
+    assert_ran_on_ort(2)

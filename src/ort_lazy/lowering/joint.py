@@ -3,7 +3,7 @@
 AOTAutograd traces one joint graph (forward and backward) and a partition function decides
 which forward values the backward keeps ("saved tensors"). Every saved value is an output of a
 forward ORT region, and ORT materializes each output in a buffer of its own, where eager's
-saved views cost nothing. Three patterns of the joint graph make that expensive:
+saved views cost nothing. These patterns of the joint graph make that expensive:
 
 - **a weight's transpose, transposed back**: ``linear`` uses ``t(weight)``; its gradient uses
   ``t(t(weight))``. The backward then saves ``t(weight)``: on ORT a transposed copy of every
@@ -17,11 +17,12 @@ saved views cost nothing. Three patterns of the joint graph make that expensive:
 
 :func:`simplify_joint` points the uses of detach chains, plain clones and of transposes that
 cancel at their source (the values are the same: ``detach`` only stops gradients, which the
-joint graph has already traced, and the graph's own values are never written). :func:`views_to_backward` then gives the backward its own copy of every
-other chain of element-preserving views it reads from the forward, so the backward saves the
-chain's base (a weight is a forward input, handed over without ORT) and recomputes the views,
-which ORT folds into their consumers. :func:`partition` runs both before torch's default
-partition.
+joint graph has already traced, and the graph's own values are never written).
+:func:`views_to_backward` then gives the backward its own copy of every other chain of
+element-preserving views it reads from the forward, so the backward saves the chain's base (a
+weight is a forward input, handed over without ORT) and recomputes the views, which ORT folds
+into their consumers. :func:`partition` runs both before torch's default partition. Graph
+inputs the graph writes into (running statistics) are never made the source of a read.
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ def _permutation(node: torch.fx.Node) -> tuple[torch.fx.Node, list[int]] | None:
     if not isinstance(val, torch.Tensor):
         return None
     rank = val.dim()
+    if rank == 0:
+        return None
     if node.target is torch.ops.aten.t.default:
         return (source, [1, 0]) if rank == 2 else None
     if node.target is torch.ops.aten.transpose.int:
