@@ -32,7 +32,7 @@ from ..partition import compile_graph
 from ..runtime.flavour import OrtUnavailableError
 from ..runtime.region import OrtRegion
 from .decompositions import decomposition_table
-from .joint import partition
+from .joint import partition, written_placeholders
 from .rewrites import drop_unused_indices, lower_fast_paths
 from .simplify import simplify_aten
 
@@ -247,23 +247,9 @@ def _frozen_for(gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor]) -> di
         if not isinstance(val, torch.Tensor) or tuple(val.shape) != tuple(tensor.shape) or val.dtype != tensor.dtype:
             metrics.warn_once("freeze-mismatch", "ort-lazy: freeze_weights skipped: graph inputs do not line up with the weights")
             return None
-    written = _written_placeholders(gm)
+    written = {n.name for n in written_placeholders(gm)}
     kept = {i: t for i, t in frozen.items() if placeholders[i].name not in written}
     return kept or None
-
-
-def _written_placeholders(gm: torch.fx.GraphModule) -> set[str]:
-    """Names of the placeholders an op of ``gm`` writes into (input mutations)."""
-    names: set[str] = set()
-    for node in gm.graph.nodes:
-        target = node.target
-        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload) or not target._schema.is_mutable:
-            continue
-        for arg, value in zip(target._schema.arguments, node.args):
-            if arg.alias_info is not None and arg.alias_info.is_write and isinstance(value, torch.fx.Node):
-                if value.op == "placeholder":
-                    names.add(value.name)
-    return names
 
 
 def _module_state(gm: torch.nn.Module, example_inputs: Sequence[Any]) -> dict[int, torch.Tensor]:

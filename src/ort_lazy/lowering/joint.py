@@ -35,7 +35,7 @@ import torch.fx
 
 from .. import _compat
 
-__all__ = ["simplify_joint", "views_to_backward", "partition"]
+__all__ = ["simplify_joint", "views_to_backward", "partition", "written_placeholders"]
 
 _DETACHES = {torch.ops.aten.detach.default, torch.ops.aten.alias.default}
 
@@ -126,7 +126,7 @@ def simplify_joint(gm: torch.fx.GraphModule) -> int:
     Returns the number of uses rewritten.
     """
     rewritten = 0
-    written = _written_placeholders(gm)
+    written = written_placeholders(gm)
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
@@ -160,7 +160,7 @@ def views_to_backward(gm: torch.fx.GraphModule) -> int:
     start = next((n for n in gm.graph.nodes if n not in forward and n.op != "placeholder"), None)
     if start is None or start.op == "output":
         return 0  # no backward
-    written = _written_placeholders(gm)
+    written = written_placeholders(gm)
     copies: dict[torch.fx.Node, torch.fx.Node] = {}
     made_nodes: set[torch.fx.Node] = set()
 
@@ -198,8 +198,9 @@ def _chain_base(node: torch.fx.Node) -> torch.fx.Node:
     return node
 
 
-def _written_placeholders(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
-    """The graph inputs an op of ``gm`` writes into (input mutations, e.g. running statistics)."""
+def written_placeholders(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
+    """The graph inputs an op of ``gm`` writes into (input mutations, e.g. running statistics),
+    directly or through views."""
     written = set()
     for node in gm.graph.nodes:
         target = node.target
