@@ -120,10 +120,12 @@ def _source(node: torch.fx.Node) -> torch.fx.Node:
 
 
 def simplify_joint(gm: torch.fx.GraphModule) -> int:
-    """Point the uses of detach chains and cancelling transposes at their source, in place.
+    """Point the uses of detach chains, plain clones of computed values and cancelling
+    transposes at their source, in place.
 
-    Uses by the graph's output are left alone (AOTAutograd has recorded how the outputs alias).
-    Returns the number of uses rewritten.
+    Uses by the graph's output are left alone (AOTAutograd has recorded how the outputs alias),
+    and so are reads whose source would be a graph input the graph writes into. Returns the
+    number of uses rewritten.
     """
     rewritten = 0
     written = written_placeholders(gm)
