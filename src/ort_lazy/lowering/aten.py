@@ -157,11 +157,15 @@ def _per_weight_set(
     as_inputs: list[Callable[..., Any]] = []
     lock = threading.Lock()  # one build per new set when threads meet it together
 
+    def known(given: tuple[Any, ...]) -> Callable[..., Any] | None:
+        entry = sets.get(tuple(map(id, given)))
+        return entry[1] if entry is not None and all(map(operator.is_, given, entry[0])) else None
+
     def for_set(given: tuple[Any, ...]) -> Callable[..., Any]:
         with lock:
-            entry = sets.get(tuple(map(id, given)))
-            if entry is not None and all(map(operator.is_, given, entry[0])):
-                return entry[1]
+            fn = known(given)
+            if fn is not None:
+                return fn
             if len(sets) < MAX_WEIGHT_SETS:
                 metrics.increment("weight_sets")
                 tensors = tuple(given)
@@ -181,10 +185,8 @@ def _per_weight_set(
         given = pick(args)
         if all(map(operator.is_, given, current)):
             return compiled(args)
-        entry = sets.get(tuple(map(id, given)))
-        if entry is not None and all(map(operator.is_, given, entry[0])):
-            return entry[1](args)
-        return for_set(given)(args)
+        fn = known(given)  # unlocked: a set built before needs no lock
+        return (fn if fn is not None else for_set(given))(args)
 
     run._boxed_call = True  # type: ignore[attr-defined]
     return run
