@@ -127,23 +127,30 @@ def simplify_joint(gm: torch.fx.GraphModule) -> int:
     and so are reads whose source would be a graph input the graph writes into. Returns the
     number of uses rewritten.
     """
-    rewritten = 0
     written = written_placeholders(gm)
+
+    def pointed(arg: Any) -> torch.fx.Node | None:
+        """The source a direct argument should read instead, or None."""
+        if isinstance(arg, torch.fx.Node) and arg.op == "call_function":
+            source = _source(arg)
+            if source is not arg and source not in written:
+                return source
+        return None
+
+    rewritten = 0
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
         for i, arg in enumerate(node.args):
-            if isinstance(arg, torch.fx.Node) and arg.op == "call_function":
-                source = _source(arg)
-                if source is not arg and source not in written:
-                    node.update_arg(i, source)
-                    rewritten += 1
+            source = pointed(arg)
+            if source is not None:
+                node.update_arg(i, source)
+                rewritten += 1
         for key, arg in list(node.kwargs.items()):
-            if isinstance(arg, torch.fx.Node) and arg.op == "call_function":
-                source = _source(arg)
-                if source is not arg and source not in written:
-                    node.update_kwarg(key, source)
-                    rewritten += 1
+            source = pointed(arg)
+            if source is not None:
+                node.update_kwarg(key, source)
+                rewritten += 1
     if rewritten:  # the chains left without users are dropped by the partition's own cleanup
         gm.recompile()
     return rewritten
@@ -164,7 +171,6 @@ def views_to_backward(gm: torch.fx.GraphModule) -> int:
         return 0  # no backward
     written = written_placeholders(gm)
     copies: dict[torch.fx.Node, torch.fx.Node] = {}
-    made_nodes: set[torch.fx.Node] = set()
 
     def copy_chain(node: torch.fx.Node) -> torch.fx.Node:
         if node in copies:
@@ -176,13 +182,13 @@ def views_to_backward(gm: torch.fx.GraphModule) -> int:
             made = gm.graph.node_copy(node, lambda n: base if n is node.args[0] else n)
         made.meta.pop("partitioner_tag", None)  # a copy of a forward node, placed in the backward
         copies[node] = made
-        made_nodes.add(made)
         return made
 
     for node in list(gm.graph.nodes):
         if node not in forward or not _is_whole_view(node):
             continue
-        users = [u for u in node.users if u not in forward and u.op != "output" and u not in made_nodes]
+        # (a copy never reads a forward view: its base is the base's copy, made first)
+        users = [u for u in node.users if u not in forward and u.op != "output"]
         if not users or _chain_base(node) in written:
             continue  # a graph input written later: the backward keeps the forward's copy
         made = copy_chain(node)
