@@ -126,9 +126,10 @@ def merge_disjoint_cats(gm: torch.fx.GraphModule) -> int:
             continue
         out = _val(node)
         a, b = node.args
-        if out is None or not _static(out.shape) or _val(a) is None or _val(b) is None:
+        va, vb = _val(a), _val(b)
+        if out is None or va is None or vb is None or not _static(out.shape):
             continue
-        if _val(a).shape != out.shape or _val(b).shape != out.shape or _val(a).dtype != out.dtype or _val(b).dtype != out.dtype:
+        if any(v.shape != out.shape or v.dtype != out.dtype for v in (va, vb)):
             continue
         result = None
         for dim in range(out.dim()):
