@@ -127,13 +127,17 @@ def _gpt2() -> torch.nn.Module:
     return GPT2LMHeadModel(config)
 
 
+#: sizes of the zoo's grouped-query decoders (Llama, Mistral, Qwen2: the same config fields)
+_GQA_DECODER = dict(
+    vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+)
+
+
 def _llama() -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-    )
+    config = LlamaConfig(**_GQA_DECODER)
     return LlamaForCausalLM(config)
 
 
@@ -215,10 +219,7 @@ def _mistral() -> torch.nn.Module:
     # grouped-query attention with a sliding window shorter than the sequence
     from transformers import MistralConfig, MistralForCausalLM
 
-    config = MistralConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, sliding_window=8,
-    )
+    config = MistralConfig(**_GQA_DECODER, sliding_window=8)
     return MistralForCausalLM(config)
 
 
@@ -226,10 +227,7 @@ def _qwen2() -> torch.nn.Module:
     # biased q/k/v projections, grouped-query attention
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    config = Qwen2Config(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-    )
+    config = Qwen2Config(**_GQA_DECODER)
     return Qwen2ForCausalLM(config)
 
 
