@@ -15,6 +15,7 @@ import torch.fx
 from .. import _compat, metrics
 from ..specs import TORCH_TO_ONNX, OrtModel, TensorSpec
 from .quantize import quantize_dynamic_int8
+from .reductions import leading_sums_as_matmul
 from .translations import register_own_translations
 from .widen import widen_low_precision
 
@@ -81,6 +82,7 @@ def translate(gm: torch.fx.GraphModule, name: str = "region", providers: Sequenc
     _restore_double_constants(model, gm)
     _dedupe_outputs(model)
     _compat.finalize_ir_model(model)
+    leading_sums_as_matmul(model, providers)
     if providers is not None:
         model = widen_low_precision(model, providers)
     return model
