@@ -240,3 +240,73 @@ def test_clone_of_an_input_written_later_keeps_its_value() -> None:
     torch.manual_seed(0)
     train_parity(_ClonedThenWritten, (torch.randn(3, 4),), steps=2)
     assert_ran_on_ort(2)
+
+
+def _copied_outputs(model_bytes: bytes) -> list[str]:
+    """Outputs of an ONNX graph that an Identity copies from a value the graph computes."""
+    import onnx
+
+    graph = onnx.load_from_string(model_bytes).graph
+    inputs = {v.name for v in graph.input} | {i.name for i in graph.initializer}
+    outputs = [o.name for o in graph.output]
+    producers = {o: n for n in graph.node for o in n.output}
+    return [
+        name for name in outputs
+        if (n := producers.get(name)) is not None and n.op_type == "Identity"
+        and n.input[0] not in inputs and n.input[0] not in outputs and n.input[0] in producers
+    ]
+
+
+@pytest.mark.parametrize("name", ["transformer", "explicit-transposes", "dropout-0"])
+def test_onnx_regions_return_computed_values_without_a_copy(name: str) -> None:
+    """A saved ``clone`` (the attention's contiguous query, key and value) is returned as the
+    value it copies: ORT writes each once. Gradients are eager's (``train_parity``)."""
+    from helpers import captured_exports
+
+    make, inputs = _MODELS[name]
+    torch.manual_seed(0)
+    with captured_exports() as models:
+        train_parity(make, inputs(), steps=2)
+    assert_ran_on_ort(4)
+    assert models
+    for model in models:
+        assert _copied_outputs(model.model_bytes) == [], model.name
+
+
+def test_copy_check_sees_copied_outputs() -> None:
+    """The check above can fail: without the rewrite the transformer's forward returns copies."""
+    from helpers import captured_exports
+    from ort_lazy.export import fx
+
+    make, inputs = _MODELS["transformer"]
+    torch.manual_seed(0)
+    with mock.patch.object(fx, "_uncopied_outputs", lambda model: 0), captured_exports() as models:
+        train_parity(make, inputs(), steps=1)
+    assert any(_copied_outputs(m.model_bytes) for m in models)
+
+
+def test_uncopied_outputs_keep_copies_of_inputs_and_of_repeated_values() -> None:
+    """An input returned as is, and one computed value returned twice, keep a copy per output
+    (each output is its own buffer); ORT returns the right values for all."""
+    import onnxruntime as ort
+
+    from ort_lazy.export.fx import export_graph
+    from test_reductions import _graph
+
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = x * 2
+        return x.clone(), y.clone(), y.clone(), y + 1
+
+    x = torch.randn(3, 4)
+    model = export_graph(_graph(fn, x), "copies")
+    import onnx
+
+    graph = onnx.load_from_string(model.model_bytes).graph
+    copies = [n.input[0] for n in graph.node if n.op_type == "Identity" and n.output[0] in {o.name for o in graph.output}]
+    y = next(n.output[0] for n in graph.node if n.op_type == "Mul")
+    assert sorted(copies) == sorted([model.input_names[0], y]), copies  # x's copy, y's second copy
+    session = ort.InferenceSession(model.model_bytes, providers=["CPUExecutionProvider"])
+    got = session.run(None, {model.input_names[0]: x.numpy()})
+    for g, e in zip(got, fn(x)):
+        assert torch.equal(torch.from_numpy(g), e)
+    assert len({g.ctypes.data for g in got}) == 4

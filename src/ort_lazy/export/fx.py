@@ -80,6 +80,7 @@ def translate(gm: torch.fx.GraphModule, name: str = "region", providers: Sequenc
     if scalars:
         _bake_constants(model, scalars)
     _restore_double_constants(model, gm)
+    _uncopied_outputs(model)
     _dedupe_outputs(model)
     _compat.finalize_ir_model(model)
     leading_sums_as_matmul(model, providers)
@@ -266,6 +267,36 @@ def _prepare(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
         node.meta.pop("stack_trace", None)
     _compat.insert_type_promotion(out)
     return out
+
+
+def _uncopied_outputs(model: Any) -> int:
+    """Graph outputs that an ``Identity`` copies from a value the graph computes become that
+    value (in place; returns how many).
+
+    ``clone`` translates to ``Identity``; a forward region returns such copies as tensors the
+    backward saves (the contiguous query, key and value of every attention layer). ORT removes
+    an ``Identity`` only when nothing else reads its input, so each of these copied its tensor
+    on every call (48 copies, 1.3 ms of ViT-Tiny's 46 ms training forward). Inputs, constants
+    and values that are already outputs keep their copy (each output needs its own buffer).
+    """
+    graph = model.graph
+    taken = {id(v) for v in graph.inputs} | {id(v) for v in graph.outputs}
+    replaced = 0
+    for i, value in enumerate(list(graph.outputs)):
+        node = value.producer()
+        if node is None or node.op_type != "Identity" or node.domain not in ("", "ai.onnx"):
+            continue
+        source = node.inputs[0]
+        if source is None or id(source) in taken or source.const_value is not None or source.producer() is None:
+            continue
+        if source.producer().op_type == "Constant":
+            continue
+        graph.outputs[i] = source
+        value.replace_all_uses_with(source)
+        taken.add(id(source))
+        graph.remove(node, safe=True)
+        replaced += 1
+    return replaced
 
 
 def _dedupe_outputs(model: Any) -> None:
