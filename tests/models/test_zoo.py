@@ -215,7 +215,11 @@ def test_cnn_training_with_default_options(name: str) -> None:
     assert gradients <= {op for op, _ in preferred} <= gradients | {"aten.max_pool2d_with_indices.default"}
     documented = set(DOCUMENTED_FALLBACKS.get(name, {}).get("training", {})) | preferred
     assert {(op, r) for op, reasons in run.fallbacks.items() for r in reasons} <= documented, run.report
-    assert run.counters["ort_runs"] > 2 and run.shares["forward"].ratio > 0.9, run.report
+    # the forward's compute on ORT: all but max pooling and the running statistics' writes
+    # into the model's buffers (``copy_``, one per statistic, always PyTorch)
+    forward = run.shares["forward"]
+    writes = sum(run.fallbacks.get("aten.copy_.default", {}).values())
+    assert run.counters["ort_runs"] > 2 and forward.on_ort / (forward.total - writes) > 0.95, run.report
 
 
 @pytest.mark.parametrize("name", _params("training_on_ort"), scope="module")

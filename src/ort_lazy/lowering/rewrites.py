@@ -920,6 +920,45 @@ def native_batch_norm(
     )
 
 
+def batch_norm_training(
+    x: torch.Tensor,
+    weight: Any,
+    bias: Any,
+    running_mean: torch.Tensor,
+    running_var: torch.Tensor,
+    training: bool,
+    momentum: float,
+    eps: float,
+) -> Any:
+    """``aten._native_batch_norm_legit_functional`` in training, float32, in 6 passes over the
+    input where torch's decomposition takes 9: the batch statistics in two passes each (mean;
+    mean of squared deviations, as torch's decomposition computes them), then ``deviation *
+    scale + bias`` with the per-channel ``scale = weight * rstd`` (the deviation is the one the
+    variance read; ``x * scale + (bias - mean * scale)`` would cost the same passes but cancel
+    where the mean is large against the spread). ORT's own ``BatchNormalization`` with these
+    statistics as inputs would be one pass, but its CPU kernel runs on one thread: slower than
+    the two (ResNet-18's stem, 6.4M elements: 1.8 ms). Other dtypes and eval: torch's
+    decomposition."""
+    op = torch.ops.aten._native_batch_norm_legit_functional.default
+    args = (x, weight, bias, running_mean, running_var, training, momentum, eps)
+    if not training or x.dtype != torch.float32 or x.dim() < 2:
+        return _torch_decomposition(op, *args)
+    dims = [0, *range(2, x.dim())]
+    mean = x.mean(dims, keepdim=True)
+    deviation = x - mean
+    var = (deviation * deviation).mean(dims, keepdim=True)
+    rstd = torch.rsqrt(var + eps)
+    scale = rstd if weight is None else rstd * weight.reshape(mean.shape)
+    output = deviation * scale
+    if bias is not None:
+        output = output + bias.reshape(mean.shape)
+    save_mean, save_rstd, biased_var = mean.flatten(), rstd.flatten(), var.flatten()
+    n = x.numel() / x.shape[1]
+    new_running_mean = momentum * save_mean + (1 - momentum) * running_mean
+    new_running_var = momentum * (biased_var * (n / (n - 1))) + (1 - momentum) * running_var
+    return output, save_mean, save_rstd, new_running_mean, new_running_var
+
+
 def gelu(x: torch.Tensor, approximate: str = "none") -> Any:
     """``aten.gelu`` (erf form, float32/64) as ``x * (1 + erf(x / sqrt(2))) * 0.5``: the pattern
     ORT's optimizer fuses into its single-pass Gelu kernel (the exporter's whole-op translation
@@ -1160,6 +1199,7 @@ DECOMPOSITIONS = {
     **{op: _full_precision_only(op) for op in (_aten.soft_margin_loss.default, _aten.soft_margin_loss_backward.default)},
     _aten._safe_softmax.default: safe_softmax_dtype,
     _aten.native_batch_norm.default: native_batch_norm,
+    _aten._native_batch_norm_legit_functional.default: batch_norm_training,
     _aten._adaptive_avg_pool2d_backward.default: adaptive_avg_pool2d_backward,
     _aten.gelu.default: gelu,
     _aten.fmax.default: nan_ignoring(torch.maximum),
