@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import _compat
 
-__all__ = ["Emitter", "translation_emitter"]
+__all__ = ["Emitter", "translation_emitter", "take_output_name"]
 
 _names = itertools.count()
 
@@ -85,3 +85,19 @@ def translation_emitter(name: str) -> Emitter:
     if tracer is None:
         raise RuntimeError("ort-lazy's translations run inside the exporter's translator")
     return Emitter(tracer.nodes, f"{name}_{next(_names)}", tracer.opset.version)
+
+
+def take_output_name(graph: Any, old: Any, new: Any, suffix: str) -> bool:
+    """Where ``old`` is an output of ``graph`` (``onnx_ir``), put ``new`` in its place under
+    ``old``'s name (``old`` is renamed with ``suffix``), so the model's output names stay those
+    its caller binds; returns whether it was an output."""
+    outputs = list(graph.outputs)
+    if not any(value is old for value in outputs):
+        return False
+    name = old.name
+    old.name = f"{name}{suffix}"
+    new.name = name
+    for i, value in enumerate(outputs):
+        if value is old:
+            graph.outputs[i] = new
+    return True

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from .emitter import take_output_name
+
 __all__ = ["leading_sums_as_matmul"]
 
 
@@ -115,14 +117,7 @@ def leading_sums_as_matmul(model: Any, providers: Sequence[str] | None) -> int:
             made.outputs[0].shape = ir.Shape(shape)
         graph.insert_before(node, [matrix, ones, product, reshaped])
         result = reshaped.outputs[0]
-        outputs = list(graph.outputs)
-        if out in outputs:
-            name = out.name
-            out.name = f"{name}_reduced"
-            result.name = name
-            for i, value in enumerate(outputs):
-                if value is out:
-                    graph.outputs[i] = result
+        take_output_name(graph, out, result, "_reduced")
         out.replace_all_uses_with(result)
         graph.remove(node, safe=True)
         rewritten += 1

@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from .emitter import take_output_name
+
 __all__ = ["widen_low_precision"]
 
 
@@ -97,19 +99,11 @@ def _wrap_in_casts(graph: Any, node: Any) -> None:
             continue
         original = value.dtype
         uses = list(value.uses())
-        outputs = list(graph.outputs)
         value.dtype = f32
         cast = _cast(value, original, f"{base}_narrow_out{j}")
         graph.insert_after(node, cast)
         narrowed = cast.outputs[0]
         for use in uses:
             use.node.replace_input_with(use.idx, narrowed)
-        if value in outputs:
-            name = value.name
-            value.name = f"{name}_float"
-            narrowed.name = name
-            for k, out in enumerate(outputs):
-                if out is value:
-                    graph.outputs[k] = narrowed
-        else:
+        if not take_output_name(graph, value, narrowed, "_float"):
             narrowed.name = f"{value.name}_narrow"
