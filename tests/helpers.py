@@ -169,3 +169,16 @@ def captured_exports() -> Iterator[list[Any]]:
     finally:
         cache.export_graph = real
         partition.export_graph = real
+
+
+def aten_graph(fn: Callable[..., Any], *args: Any) -> torch.fx.GraphModule:
+    """``fn`` traced to aten ops by ``make_fx``, every node's ``meta['val']`` a fake tensor (what
+    the exporter reads), for export tests that start from a function."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    gm = make_fx(fn)(*args)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        FakeTensorProp(gm, mode).propagate(*args)
+    return gm

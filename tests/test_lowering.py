@@ -12,6 +12,7 @@ from torch import nn
 from helpers import (
     assert_close,
     assert_ran_on_ort,
+    aten_graph,
     captured_exports,
     compile_ort,
     take_sessions,
@@ -156,21 +157,10 @@ def test_attention_inference_split_and_safe_softmax_on_ort() -> None:
     assert "SplitToSequence" not in ops and "ScatterElements" not in ops, ops
 
 
-def _graph(fn, *args) -> torch.fx.GraphModule:
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.proxy_tensor import make_fx
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-
-    gm = make_fx(fn)(*args)
-    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-        FakeTensorProp(gm, mode).propagate(*args)
-    return gm
-
-
 def _model_bytes(fn, *args) -> bytes:
     from ort_lazy.export.fx import export_graph
 
-    return export_graph(_graph(fn, *args)).model_bytes
+    return export_graph(aten_graph(fn, *args)).model_bytes
 
 
 def test_estimated_flops_and_threads() -> None:
@@ -328,7 +318,7 @@ def test_gelu_decomposition_matches_and_is_fused_by_ort(tmp_path) -> None:
 
 
 def _traced(fn, *args) -> list[torch.fx.Node]:
-    gm = _graph(fn, *args)
+    gm = aten_graph(fn, *args)
     return [n for n in gm.graph.nodes if n.op == "call_function"]
 
 
@@ -446,9 +436,9 @@ def test_probes_type_function_bodies_and_reject_translations_ort_cannot_load() -
     from ort_lazy.export.fx import ExportError, export_graph
 
     with pytest.raises(ExportError, match="LayerNormalization"):
-        export_graph(_graph(layer_norm, x16, w16, w16), "ln")
+        export_graph(aten_graph(layer_norm, x16, w16, w16), "ln")
     assert _probe(layer_norm, x16, w16, w16) is None
-    model = export_graph(_graph(layer_norm, x16, w16, w16), "ln", providers=("CPUExecutionProvider",))
+    model = export_graph(aten_graph(layer_norm, x16, w16, w16), "ln", providers=("CPUExecutionProvider",))
     session = ort.InferenceSession(model.model_bytes, providers=["CPUExecutionProvider"])
     got = session.run(None, {n: v.numpy() for n, v in zip(model.input_names, (x16, w16, w16))})
     for g, e in zip(got, layer_norm(x16, w16, w16)):

@@ -9,27 +9,16 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from helpers import assert_close, assert_ran_on_ort, compile_ort
+from helpers import assert_close, assert_ran_on_ort, aten_graph, compile_ort
 from ort_lazy import metrics
 from ort_lazy.export.fx import export_graph
 
 CPU = ("CPUExecutionProvider",)
 
 
-def _graph(fn, *args) -> torch.fx.GraphModule:
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.proxy_tensor import make_fx
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-
-    gm = make_fx(fn)(*args)
-    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-        FakeTensorProp(gm, mode).propagate(*args)
-    return gm
-
-
 def _run(fn, *args, providers=CPU):
     """(ops of the exported graph, its outputs run on ORT's CPU provider)."""
-    model = export_graph(_graph(fn, *args), "sums", providers=providers)
+    model = export_graph(aten_graph(fn, *args), "sums", providers=providers)
     proto = onnx.load_from_string(model.model_bytes)
     session = ort.InferenceSession(model.model_bytes, providers=["CPUExecutionProvider"])
     got = session.run(None, {n: a.numpy() for n, a in zip(model.input_names, args)})
@@ -102,7 +91,7 @@ def test_only_the_cpu_provider_gets_the_matmul() -> None:
 
 
 def test_sum_that_is_a_graph_output_keeps_its_name() -> None:
-    model = export_graph(_graph(lambda t: (t.sum(0), t * 2), torch.randn(8, 3)), "sums", providers=CPU)
+    model = export_graph(aten_graph(lambda t: (t.sum(0), t * 2), torch.randn(8, 3)), "sums", providers=CPU)
     proto = onnx.load_from_string(model.model_bytes)
     producers = {o: n.op_type for n in proto.graph.node for o in n.output}
     assert producers[model.output_names[0]] == "Reshape"

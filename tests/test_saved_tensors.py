@@ -16,7 +16,7 @@ import torch
 import torch.fx
 from torch import nn
 
-from helpers import assert_ran_on_ort, train_parity
+from helpers import assert_ran_on_ort, aten_graph, train_parity
 from ort_lazy import _compat
 from ort_lazy.lowering import aten
 from ort_lazy.lowering.joint import _WHOLE_VIEWS, _plain_clone, partition, simplify_joint, views_to_backward
@@ -291,14 +291,13 @@ def test_uncopied_outputs_keep_copies_of_inputs_and_of_repeated_values() -> None
     import onnxruntime as ort
 
     from ort_lazy.export.fx import export_graph
-    from test_reductions import _graph
 
     def fn(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         y = x * 2
         return x.clone(), y.clone(), y.clone(), y + 1
 
     x = torch.randn(3, 4)
-    model = export_graph(_graph(fn, x), "copies")
+    model = export_graph(aten_graph(fn, x), "copies")
     import onnx
 
     graph = onnx.load_from_string(model.model_bytes).graph
