@@ -1,4 +1,5 @@
-"""Writing ONNX nodes by hand inside the exporter's translator (ort-lazy's own translations)."""
+"""Writing ONNX nodes by hand inside the exporter's translator (ort-lazy's own translations),
+and editing the graphs it makes."""
 
 from __future__ import annotations
 

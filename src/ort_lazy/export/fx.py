@@ -287,9 +287,10 @@ def _uncopied_outputs(model: Any) -> int:
         if node is None or node.op_type != "Identity" or node.domain not in ("", "ai.onnx"):
             continue
         source = node.inputs[0]
-        if source is None or id(source) in taken or source.const_value is not None or source.producer() is None:
+        if source is None or id(source) in taken or source.const_value is not None:
             continue
-        if source.producer().op_type == "Constant":
+        producer = source.producer()
+        if producer is None or producer.op_type == "Constant":
             continue
         graph.outputs[i] = source
         value.replace_all_uses_with(source)
