@@ -7,6 +7,7 @@ Every check compares with eager PyTorch and says where the case ran (ORT or a na
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -15,7 +16,7 @@ import torch.nn.functional as F
 
 from helpers import assert_close, compile_ort
 from ort_lazy import metrics
-from ort_lazy.export.selects import SMALL_SELECT
+from ort_lazy.export.selects import LARGE_SELECT, SMALL_SELECT
 from ort_lazy.reasons import Reason
 
 FLOATS = [torch.float64, torch.float32, torch.float16]
@@ -742,6 +743,48 @@ def test_relu_network_gradients_on_ort_match_eager() -> None:
         assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
     c = metrics.counters()
     assert c["ort_runs"] >= 2 and c["fallback_ops"] == 0, metrics.fallbacks()
+
+
+@pytest.mark.parametrize(
+    ("columns", "options", "in_pytorch"),
+    [
+        (LARGE_SELECT // 6, {}, False),  # exactly LARGE_SELECT elements: ORT
+        (LARGE_SELECT // 6 + 1, {}, True),  # one row more: PyTorch's kernel by default
+        (LARGE_SELECT // 6 + 1, {"torch_preferred_ops": ()}, False),  # ORT when asked
+    ],
+    ids=["at-limit", "above-limit", "above-limit-on-ort"],
+)
+def test_large_relu_gradients_stay_in_pytorch_by_default(columns, options, in_pytorch) -> None:
+    """Above :data:`LARGE_SELECT` elements ``threshold_backward`` is preferred in PyTorch
+    (``torch_preferred_ops``); either way the result is eager's, bit for bit."""
+    grad, x = _grad_and_input(torch.float32, "inf-nan", columns)
+    assert grad.numel() == 6 * columns
+    fn = lambda g, t: torch.ops.aten.threshold_backward(g, t, 0.0)  # noqa: E731
+    metrics.reset()
+    got = compile_ort(fn, **options)(grad, x)
+    expected = fn(grad, x)
+    same = (got == expected) | (torch.isnan(got) & torch.isnan(expected))
+    assert bool(same.all()) and torch.equal(torch.signbit(got), torch.signbit(expected))
+    preferred = metrics.fallbacks().get("aten.threshold_backward.default", {})
+    assert (Reason.PREFERRED in preferred) == in_pytorch, metrics.fallbacks()
+    assert (metrics.counters()["ort_runs"] == 0) == in_pytorch
+
+
+def test_relu_network_with_large_activations_trains_as_eager() -> None:
+    """A 2048-wide ReLU layer's gradient (more than LARGE_SELECT elements) runs in PyTorch
+    between the backward's ORT regions; gradients are eager's and the rest ran on ORT."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 4))
+    twin = copy.deepcopy(model)
+    x = torch.randn(40, 16)
+    metrics.reset()
+    compile_ort(model)(x).square().sum().backward()
+    twin(x).square().sum().backward()
+    for p, q in zip(model.parameters(), twin.parameters()):
+        assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+    fallbacks = metrics.fallbacks()
+    assert set(fallbacks) == {"aten.threshold_backward.default"}, fallbacks
+    assert metrics.counters()["ort_runs"] >= 2
 
 
 # -- 15. max pooling with indices: PyTorch's per-plane indices from one ONNX MaxPool ---------------

@@ -120,6 +120,21 @@ def _distrusted_when() -> dict[Any, Callable[[dict[str, Any]], str | None]]:
 DISTRUSTED_WHEN: dict[Any, Callable[[dict[str, Any]], str | None]] = _distrusted_when()
 
 
+def _preferred_when() -> dict[Any, Callable[[torch.fx.Node], bool]]:
+    from .export.selects import LARGE_SELECT
+
+    def large(node: torch.fx.Node) -> bool:
+        out = _meta(node)
+        return isinstance(out, torch.Tensor) and isinstance(out.numel(), int) and out.numel() > LARGE_SELECT
+
+    return {torch.ops.aten.threshold_backward.default: large}
+
+
+#: ``torch_preferred_ops`` entries PyTorch runs faster only for some calls: op -> check(node),
+#: True where the node stays in PyTorch (named in ``torch_preferred_ops``, the others go to ORT).
+PREFERRED_WHEN: dict[Any, Callable[[torch.fx.Node], bool]] = _preferred_when()
+
+
 def bound_arguments(target: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
     """Every argument of a call of ``target`` by schema name (defaults filled in)."""
     out: dict[str, Any] = {}
@@ -159,13 +174,16 @@ def translatable(target: Any, cache_dir: str | None = None) -> bool:
     return target not in DISTRUSTED and target in registered_ops(cache_dir)
 
 
-def excluded_reason(target: Any, options: Options) -> str | None:
+def excluded_reason(target: Any, options: Options, node: torch.fx.Node | None = None) -> str | None:
     """Why ``target`` stays in PyTorch whatever ORT can do (``torch_executed_ops``, then
-    ``torch_preferred_ops``), None when nothing keeps it there."""
+    ``torch_preferred_ops``), None when nothing keeps it there. An op of :data:`PREFERRED_WHEN`
+    is preferred in PyTorch only where its check passes on ``node`` (never without one)."""
     if named_in(target, options.torch_executed_ops):
         return Reason.EXCLUDED
     if named_in(target, options.torch_preferred_ops):
-        return Reason.PREFERRED
+        when = PREFERRED_WHEN.get(target)
+        if when is None or (node is not None and when(node)):
+            return Reason.PREFERRED
     return None
 
 
@@ -203,7 +221,7 @@ def static_reason(node: torch.fx.Node, options: Options) -> str | None:
         return None
     if not isinstance(target, torch._ops.OpOverload):
         return Reason.NO_MAPPING
-    excluded = excluded_reason(target, options)
+    excluded = excluded_reason(target, options, node)
     if excluded is not None:
         return excluded
     out_meta = _meta(node)

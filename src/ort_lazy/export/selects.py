@@ -31,12 +31,19 @@ import torch
 
 from .emitter import Emitter, translation_emitter
 
-__all__ = ["TRANSLATIONS", "SMALL_SELECT"]
+__all__ = ["TRANSLATIONS", "SMALL_SELECT", "LARGE_SELECT"]
 
 #: elements up to which a ReLU gradient is selected by ``Where`` (ORT's CPU ``Where``: about
 #: 4.4 ns per element on one thread; the finite check, ``If`` and arithmetic: about 50 us plus
 #: 1 ns per element on 2 cores)
 SMALL_SELECT = 16384
+
+#: elements above which a ReLU gradient runs in PyTorch by default (``aten.threshold_backward``
+#: in ``torch_preferred_ops``, :data:`ort_lazy.support.PREFERRED_WHEN`): the checked arithmetic
+#: writes five full-size tensors where PyTorch's kernel writes one (2M elements: 3.1 ms in a
+#: TransformerEncoderLayer's backward region against 0.33 ms), so above this size PyTorch's
+#: kernel pays for the region boundary it may add
+LARGE_SELECT = 65536
 
 
 def threshold_backward(grad: Any, self: Any, threshold: Any) -> Any:
