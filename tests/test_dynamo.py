@@ -138,9 +138,11 @@ _PREFERRED = "PyTorch's kernel is faster than ORT's form of this op (torch_prefe
 
 @pytest.mark.parametrize("preferred", ["default", "none"])
 def test_cnn_gradients_with_and_without_torch_preferred_ops(preferred, caplog, monkeypatch):
-    """Convolution and batch-norm gradients run in PyTorch by default (``torch_preferred_ops``)
-    and as ORT decompositions with ``torch_preferred_ops=()``: gradients follow eager both ways,
-    and everything else of the step runs on ORT. A default choice is logged, not warned about."""
+    """Convolution and batch-norm gradients, and the forward's convolutions (their weights are
+    graph inputs in training), run in PyTorch by default (``torch_preferred_ops``), and on ORT
+    (the gradients as decompositions) with ``torch_preferred_ops=()``: gradients follow eager
+    both ways, and everything else of the step runs on ORT. A default choice is logged, not
+    warned about."""
     options = {} if preferred == "default" else {"torch_preferred_ops": ()}
     monkeypatch.setattr(metrics, "_warned", set())  # said once per process: earlier tests said it
     with caplog.at_level(logging.INFO, logger="ort_lazy"):
@@ -152,8 +154,9 @@ def test_cnn_gradients_with_and_without_torch_preferred_ops(preferred, caplog, m
     kept = {op: reasons for op, reasons in fallbacks.items() if _PREFERRED in reasons}
     if preferred == "default":
         # two convolutions and two batch norms in the backward graph, each a whole op, and the
-        # forward's max pooling with indices
+        # forward's two convolutions and max pooling with indices
         assert kept == {
+            "aten.convolution.default": {_PREFERRED: 2},
             "aten.convolution_backward.default": {_PREFERRED: 2},
             "aten.native_batch_norm_backward.default": {_PREFERRED: 2},
             "aten.max_pool2d_with_indices.default": {_PREFERRED: 1},
@@ -163,6 +166,47 @@ def test_cnn_gradients_with_and_without_torch_preferred_ops(preferred, caplog, m
         assert kept == {}, fallbacks
     # beyond them only BatchNorm's running-statistics updates stay in PyTorch
     assert set(fallbacks) - set(kept) <= {"aten.copy_.default"}, fallbacks
+
+
+@pytest.mark.parametrize(
+    ("options", "on_ort"),
+    [({}, True), ({"freeze_weights": True}, True), ({"prepack_weights": False}, False), ({"torch_preferred_ops": ()}, True)],
+    ids=["prepacked", "frozen", "weights-as-inputs", "nothing-preferred"],
+)
+def test_inference_convolutions_run_on_ort_where_ort_gets_the_weights(options, on_ort):
+    """An inference convolution whose weight ORT binds as an initializer (prepacked, the
+    default, or frozen) runs on ORT; one whose weight would be a graph input is preferred in
+    PyTorch, as in training. The outputs are eager's either way."""
+    torch.manual_seed(0)
+    model = SmallCNN().eval()
+    x = torch.randn(2, 3, 32, 32)
+    metrics.reset()
+    with torch.no_grad():
+        got = compile_ort(model, **options)(x)
+        expected = model(x)
+    assert_close(got, expected)
+    assert_ran_on_ort()
+    kept = metrics.fallbacks().get("aten.convolution.default", {})
+    assert kept == ({} if on_ort else {_PREFERRED: 2}), metrics.fallbacks()
+
+
+def test_runtime_weight_marks() -> None:
+    """``mark_runtime_weights``: a convolution is marked where its weight is, or is computed
+    from, a graph input, not where the weight is a bound placeholder or built from constants."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from ort_lazy.support import RUNTIME_WEIGHT, mark_runtime_weights
+
+    def convs(x, w1, w2):
+        y = torch.conv2d(torch.conv2d(x, w1), w2 * 2)  # the second weight computed from an input
+        return torch.conv2d(y, torch.ones(1, 4, 1, 1))  # a kernel of constants
+
+    gm = make_fx(convs)(torch.randn(1, 2, 6, 6), torch.randn(3, 2, 1, 1), torch.randn(4, 3, 1, 1))
+    nodes = [n for n in gm.graph.nodes if n.target is torch.ops.aten.convolution.default]
+    mark_runtime_weights(gm)
+    assert [n.meta[RUNTIME_WEIGHT] for n in nodes] == [True, True, False]
+    mark_runtime_weights(gm, {2: torch.randn(4, 3, 1, 1)})  # the second weight's input bound
+    assert [n.meta[RUNTIME_WEIGHT] for n in nodes] == [True, False, False]
 
 
 @pytest.mark.parametrize(

@@ -54,11 +54,16 @@ PRECISIONS = ("fp32", "int8-dynamic")
 #: them on ORT and 1.11x in PyTorch, gradients the same. Also max pooling that returns its
 #: indices (training, where the backward reads them; in PyTorch as well): ORT's MaxPool with
 #: indices is its generic kernel, 1.9-2.4x PyTorch's time on 2 cores (ResNet's stem pooling
-#: 12.1 against 6.4 ms). Pooling without indices (inference) stays on ORT's fast kernel. And
-#: the ReLU gradient (``aten.threshold_backward``) on more than 65536 elements: ORT has no
-#: select faster than five elementwise passes there (its ``Where`` is slower still); smaller
-#: ones run on ORT (the region boundary would cost more). A TransformerEncoderLayer training
-#: step: 0.98x eager with it in PyTorch, 1.02x on ORT; ResNet-18: 1.21x against 1.26x.
+#: 12.1 against 6.4 ms). Pooling without indices (inference) stays on ORT's fast kernel. The
+#: ReLU gradient (``aten.threshold_backward``) on more than 65536 elements: ORT has no select
+#: faster than five elementwise passes there (its ``Where`` is slower still); smaller ones run
+#: on ORT (the region boundary would cost more). A TransformerEncoderLayer training step: 0.98x
+#: eager with it in PyTorch, 1.02x on ORT; ResNet-18 1.21x against 1.26x. And convolutions
+#: whose weight ORT would read as a graph input on the CPU (training; inference without
+#: ``prepack_weights``): ORT's blocked (NCHWc) kernels need the weight as an initializer, and its
+#: generic one is about 25% slower than PyTorch's oneDNN kernel (ResNet-18's training forward:
+#: 50 against 40 ms of convolutions; the step 1.08x eager against 1.22x on ORT). Inference
+#: convolutions with prepacked or frozen weights, and every convolution on a GPU, run on ORT.
 TORCH_PREFERRED_OPS = frozenset(
     {
         "aten.convolution_backward",
@@ -66,6 +71,7 @@ TORCH_PREFERRED_OPS = frozenset(
         "aten.max_pool2d_with_indices",
         "aten.max_pool3d_with_indices",
         "aten.threshold_backward",
+        "aten.convolution",
     }
 )
 

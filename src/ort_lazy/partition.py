@@ -28,7 +28,7 @@ from .options import Options
 from .reasons import Reason
 from .runtime.flavour import provider_problem
 from .runtime.region import OrtRegion, compute_ops, dump, open_runner, report_fallback
-from .support import graph_reasons, probe_error, save_support_table
+from .support import graph_reasons, mark_runtime_weights, probe_error, save_support_table
 
 __all__ = ["compile_graph"]
 
@@ -134,6 +134,7 @@ def compile_graph(
     problem = provider_problem(providers)
     if problem is not None:  # inferred from the tensors' device (explicit ones are checked earlier)
         metrics.warn_once(f"providers:{providers}", "ort-lazy: %s; graphs on that device run in PyTorch", problem)
+    mark_runtime_weights(gm, constants)
     reasons = _node_reasons(gm, options, providers)
     _record(reasons)
     record = new_record(tag)

@@ -34,6 +34,9 @@ __all__ = [
     "translatable",
     "unsupported_reason",
     "excluded_reason",
+    "mark_runtime_weights",
+    "PREFERRED_WHEN",
+    "RUNTIME_WEIGHT",
     "probe_op",
     "probe_ops",
     "probe_error",
@@ -120,6 +123,36 @@ def _distrusted_when() -> dict[Any, Callable[[dict[str, Any]], str | None]]:
 DISTRUSTED_WHEN: dict[Any, Callable[[dict[str, Any]], str | None]] = _distrusted_when()
 
 
+#: ``node.meta`` key :func:`mark_runtime_weights` sets on a convolution: True where its weight
+#: reaches ORT as a graph input on the CPU (training graphs, inference without
+#: ``prepack_weights``), False where ORT gets it as an initializer
+RUNTIME_WEIGHT = "ort_lazy_runtime_weight"
+
+
+def mark_runtime_weights(gm: torch.fx.GraphModule, constants: dict[int, Any] | None = None) -> None:
+    """Set :data:`RUNTIME_WEIGHT` on every convolution of ``gm``: True where its weight is, or
+    is computed from, a graph input that regions do not bind as an initializer; ``constants``
+    are the positions of the placeholders they bind (``compile_graph``'s). A weight built from
+    constants alone (a rewrite's kernel of ones) is folded by ORT: not marked."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    bound = {placeholders[i] for i in (constants or {}) if i < len(placeholders)}
+    runtime: dict[torch.fx.Node, bool] = {}
+    for node in gm.graph.nodes:  # topological: inputs are decided first
+        if node.op == "placeholder":
+            runtime[node] = node not in bound
+        else:
+            runtime[node] = any(runtime.get(i, False) for i in node.all_input_nodes)
+        if node.op == "call_function" and node.target is torch.ops.aten.convolution.default:
+            weight = node.args[1] if len(node.args) > 1 else None
+            value = _meta(weight)
+            node.meta[RUNTIME_WEIGHT] = (
+                isinstance(weight, torch.fx.Node)
+                and runtime.get(weight, False)
+                and isinstance(value, torch.Tensor)
+                and value.device.type == "cpu"
+            )
+
+
 def _preferred_when() -> dict[Any, Callable[[torch.fx.Node], bool]]:
     from .export.selects import LARGE_SELECT
 
@@ -127,7 +160,10 @@ def _preferred_when() -> dict[Any, Callable[[torch.fx.Node], bool]]:
         out = _meta(node)
         return isinstance(out, torch.Tensor) and isinstance(out.numel(), int) and out.numel() > LARGE_SELECT
 
-    return {torch.ops.aten.threshold_backward.default: large}
+    def runtime_weight(node: torch.fx.Node) -> bool:
+        return bool(node.meta.get(RUNTIME_WEIGHT, False))
+
+    return {torch.ops.aten.threshold_backward.default: large, torch.ops.aten.convolution.default: runtime_weight}
 
 
 #: ``torch_preferred_ops`` entries PyTorch runs faster only for some calls: op -> check(node),
