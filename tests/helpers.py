@@ -182,3 +182,37 @@ def aten_graph(fn: Callable[..., Any], *args: Any) -> torch.fx.GraphModule:
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         FakeTensorProp(gm, mode).propagate(*args)
     return gm
+
+
+def full_size_nodes(model_bytes: bytes, numel: int) -> list[str]:
+    """Op types of the nodes of an ONNX model that write a tensor of ``numel`` elements (full
+    passes over an input of that size), by ONNX shape inference."""
+    import math
+
+    import onnx
+
+    proto = onnx.shape_inference.infer_shapes(onnx.load_from_string(model_bytes))
+    sizes = {}
+    for value in list(proto.graph.value_info) + list(proto.graph.output):
+        dims = value.type.tensor_type.shape.dim
+        if dims and all(d.HasField("dim_value") for d in dims):
+            sizes[value.name] = math.prod(d.dim_value for d in dims)
+    return [n.op_type for n in proto.graph.node if any(sizes.get(o) == numel for o in n.output)]
+
+
+@contextlib.contextmanager
+def torch_decomposition_of(op: Any) -> Iterator[None]:
+    """Inside the block ``op`` lowers by torch's own decomposition instead of ort-lazy's rewrite
+    (so a test can show its check fails without the rewrite)."""
+    from unittest import mock
+
+    from ort_lazy.lowering import decompositions, rewrites
+
+    table = dict(rewrites.DECOMPOSITIONS)
+    table[op] = lambda *a: rewrites._torch_decomposition(op, *a)
+    decompositions.decomposition_table.cache_clear()
+    try:
+        with mock.patch.object(decompositions, "DECOMPOSITIONS", table):
+            yield
+    finally:
+        decompositions.decomposition_table.cache_clear()

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import copy
-import math
-from unittest import mock
 
-import onnx
 import pytest
 import torch
 from torch import nn
 
-from helpers import assert_close, assert_ran_on_ort, captured_exports, compile_ort
+from helpers import (
+    assert_close,
+    assert_ran_on_ort,
+    captured_exports,
+    compile_ort,
+    full_size_nodes,
+    torch_decomposition_of,
+)
 from ort_lazy import metrics
-from ort_lazy.lowering import decompositions, rewrites
+from ort_lazy.lowering import rewrites
 
 aten = torch.ops.aten
 
@@ -71,23 +75,12 @@ def test_training_matches_eager_with_running_statistics(kind, affine, momentum) 
         assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
 
-def _full_size_nodes(model_bytes: bytes, numel: int) -> list[str]:
-    """Nodes of a model that write a tensor of ``numel`` elements (passes over the input)."""
-    proto = onnx.shape_inference.infer_shapes(onnx.load_from_string(model_bytes))
-    sizes = {}
-    for value in list(proto.graph.value_info) + list(proto.graph.output):
-        dims = value.type.tensor_type.shape.dim
-        if dims and all(d.HasField("dim_value") for d in dims):
-            sizes[value.name] = math.prod(d.dim_value for d in dims)
-    return [n.op_type for n in proto.graph.node if any(sizes.get(o) == numel for o in n.output)]
-
-
 def _forward_passes() -> list[str]:
     x = torch.randn(4, 6, 5, 5)
     with captured_exports() as models:
         compile_ort(nn.BatchNorm2d(6))(x).sum().backward()
     forward = next(m for m in models if m.name.startswith("forward"))
-    return _full_size_nodes(forward.model_bytes, x.numel())
+    return full_size_nodes(forward.model_bytes, x.numel())
 
 
 def test_training_forward_writes_four_full_size_tensors() -> None:
@@ -97,12 +90,5 @@ def test_training_forward_writes_four_full_size_tensors() -> None:
 
 def test_pass_count_check_sees_torchs_decomposition() -> None:
     """The check above can fail: torch's own decomposition writes more full-size tensors."""
-    op = aten._native_batch_norm_legit_functional.default
-    table = dict(rewrites.DECOMPOSITIONS)
-    table[op] = lambda *a: rewrites._torch_decomposition(op, *a)
-    decompositions.decomposition_table.cache_clear()
-    try:
-        with mock.patch.object(decompositions, "DECOMPOSITIONS", table):
-            assert len(_forward_passes()) > 4
-    finally:
-        decompositions.decomposition_table.cache_clear()
+    with torch_decomposition_of(aten._native_batch_norm_legit_functional.default):
+        assert len(_forward_passes()) > 4

@@ -3,18 +3,21 @@ matrix-vector products with the weight (lowering/rewrites.py, ``layer_norm_backw
 
 from __future__ import annotations
 
-import copy
-import math
-from unittest import mock
-
-import onnx
 import pytest
 import torch
 from torch import nn
 
-from helpers import assert_close, assert_ran_on_ort, captured_exports, compile_ort
+from helpers import (
+    assert_close,
+    assert_ran_on_ort,
+    captured_exports,
+    compile_ort,
+    full_size_nodes,
+    torch_decomposition_of,
+    train_parity,
+)
 from ort_lazy import metrics
-from ort_lazy.lowering import decompositions, rewrites
+from ort_lazy.lowering import rewrites
 
 aten = torch.ops.aten
 
@@ -116,25 +119,10 @@ def _model(kind: str) -> tuple[nn.Module, torch.Tensor]:
 def test_training_matches_eager(kind) -> None:
     """Outputs, gradients and updated weights follow eager over three steps; ORT ran."""
     torch.manual_seed(0)
-    reference, x = _model(kind)
-    x = x * 2 + 0.5
-    model = copy.deepcopy(reference)
-    compiled = compile_ort(model)
-    optimizers = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (reference, model)]
+    x = _model(kind)[1] * 2 + 0.5
     metrics.reset()
-    for _ in range(3):
-        outs = []
-        for fn, opt in zip((reference, compiled), optimizers):
-            opt.zero_grad()
-            out = fn(x)
-            out.square().mean().backward()
-            outs.append((out.detach(), [p.grad.clone() for p in fn.parameters()]))
-            opt.step()
-        assert_close(outs[1][0], outs[0][0])
-        assert_close(outs[1][1], outs[0][1])
+    train_parity(lambda: _model(kind)[0], [x], steps=3, lr=0.05, rtol=1e-4, atol=1e-5)
     assert_ran_on_ort(2)
-    for got, expected in zip(model.state_dict().values(), reference.state_dict().values(), strict=True):
-        assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
 
 def _full_size_writes() -> list[str]:
@@ -144,13 +132,7 @@ def _full_size_writes() -> list[str]:
     with captured_exports() as models:
         compile_ort(layer)(x).sin().sum().backward()
     backward = next(m for m in models if m.name.startswith("backward"))
-    proto = onnx.shape_inference.infer_shapes(onnx.load_from_string(backward.model_bytes))
-    sizes = {}
-    for value in list(proto.graph.value_info) + list(proto.graph.output):
-        dims = value.type.tensor_type.shape.dim
-        if dims and all(d.HasField("dim_value") for d in dims):
-            sizes[value.name] = math.prod(d.dim_value for d in dims)
-    return [n.op_type for n in proto.graph.node if any(sizes.get(o) == x.numel() for o in n.output) and n.op_type != "Reshape"]
+    return [op for op in full_size_nodes(backward.model_bytes, x.numel()) if op != "Reshape"]
 
 
 def test_backward_writes_eight_full_size_tensors() -> None:
@@ -162,12 +144,5 @@ def test_backward_writes_eight_full_size_tensors() -> None:
 
 def test_write_count_check_sees_torchs_decomposition() -> None:
     """The check above can fail: torch's own decomposition writes more full-size tensors."""
-    op = aten.native_layer_norm_backward.default
-    table = dict(rewrites.DECOMPOSITIONS)
-    table[op] = lambda *a: rewrites._torch_decomposition(op, *a)
-    decompositions.decomposition_table.cache_clear()
-    try:
-        with mock.patch.object(decompositions, "DECOMPOSITIONS", table):
-            assert len(_full_size_writes()) > 8
-    finally:
-        decompositions.decomposition_table.cache_clear()
+    with torch_decomposition_of(aten.native_layer_norm_backward.default):
+        assert len(_full_size_writes()) > 8
