@@ -154,9 +154,10 @@ def test_cnn_gradients_with_and_without_torch_preferred_ops(preferred, caplog, m
     kept = {op: reasons for op, reasons in fallbacks.items() if _PREFERRED in reasons}
     if preferred == "default":
         # two convolutions and two batch norms in the backward graph, each a whole op, and the
-        # forward's two convolutions and max pooling with indices
+        # forward's max pooling with indices and second convolution (the first, 3.5 MFLOP, is
+        # below CONV_MIN_FLOPS: on ORT)
         assert kept == {
-            "aten.convolution.default": {_PREFERRED: 2},
+            "aten.convolution.default": {_PREFERRED: 1},
             "aten.convolution_backward.default": {_PREFERRED: 2},
             "aten.native_batch_norm_backward.default": {_PREFERRED: 2},
             "aten.max_pool2d_with_indices.default": {_PREFERRED: 1},
@@ -176,10 +177,11 @@ def test_cnn_gradients_with_and_without_torch_preferred_ops(preferred, caplog, m
 def test_inference_convolutions_run_on_ort_where_ort_gets_the_weights(options, on_ort):
     """An inference convolution whose weight ORT binds as an initializer (prepacked, the
     default, or frozen) runs on ORT; one whose weight would be a graph input is preferred in
-    PyTorch, as in training. The outputs are eager's either way."""
+    PyTorch, as in training, when it is large enough (the second, 9.4 MFLOP; the first, 3.5, stays
+    on ORT). The outputs are eager's either way."""
     torch.manual_seed(0)
     model = SmallCNN().eval()
-    x = torch.randn(2, 3, 32, 32)
+    x = torch.randn(4, 3, 32, 32)
     metrics.reset()
     with torch.no_grad():
         got = compile_ort(model, **options)(x)
@@ -187,26 +189,31 @@ def test_inference_convolutions_run_on_ort_where_ort_gets_the_weights(options, o
     assert_close(got, expected)
     assert_ran_on_ort()
     kept = metrics.fallbacks().get("aten.convolution.default", {})
-    assert kept == ({} if on_ort else {_PREFERRED: 2}), metrics.fallbacks()
+    assert kept == ({} if on_ort else {_PREFERRED: 1}), metrics.fallbacks()
 
 
 def test_runtime_weight_marks() -> None:
     """``mark_runtime_weights``: a convolution is marked where its weight is, or is computed
-    from, a graph input, not where the weight is a bound placeholder or built from constants."""
+    from, a graph input and it does at least ``CONV_MIN_FLOPS``; not where the weight is a bound
+    placeholder or built from constants, nor where the convolution is smaller."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from ort_lazy.support import RUNTIME_WEIGHT, mark_runtime_weights
+    from ort_lazy.support import CONV_MIN_FLOPS, RUNTIME_WEIGHT, mark_runtime_weights
 
     def convs(x, w1, w2):
         y = torch.conv2d(torch.conv2d(x, w1), w2 * 2)  # the second weight computed from an input
-        return torch.conv2d(y, torch.ones(1, 4, 1, 1))  # a kernel of constants
+        y = torch.conv2d(y, torch.ones(16, 16, 3, 3))  # a kernel of constants
+        return torch.conv2d(y[:, :, :8, :8], w1)  # a small one
 
-    gm = make_fx(convs)(torch.randn(1, 2, 6, 6), torch.randn(3, 2, 1, 1), torch.randn(4, 3, 1, 1))
+    x, w1, w2 = torch.randn(1, 16, 64, 64), torch.randn(16, 16, 3, 3), torch.randn(16, 16, 3, 3)
+    gm = make_fx(convs)(x, w1, w2)
     nodes = [n for n in gm.graph.nodes if n.target is torch.ops.aten.convolution.default]
+    flops = [2 * n.meta["val"].numel() * 16 * 9 for n in nodes]
+    assert min(flops[:3]) >= CONV_MIN_FLOPS > flops[3]
     mark_runtime_weights(gm)
-    assert [n.meta[RUNTIME_WEIGHT] for n in nodes] == [True, True, False]
-    mark_runtime_weights(gm, {2: torch.randn(4, 3, 1, 1)})  # the second weight's input bound
-    assert [n.meta[RUNTIME_WEIGHT] for n in nodes] == [True, False, False]
+    assert [n.meta[RUNTIME_WEIGHT] for n in nodes] == [True, True, False, False]
+    mark_runtime_weights(gm, {2: w2})  # the second weight's input bound
+    assert [n.meta[RUNTIME_WEIGHT] for n in nodes] == [True, False, False, False]
 
 
 @pytest.mark.parametrize(

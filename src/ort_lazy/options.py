@@ -58,12 +58,15 @@ PRECISIONS = ("fp32", "int8-dynamic")
 #: ReLU gradient (``aten.threshold_backward``) on more than 65536 elements: ORT has no select
 #: faster than five elementwise passes there (its ``Where`` is slower still); smaller ones run
 #: on ORT (the region boundary would cost more). A TransformerEncoderLayer training step: 0.98x
-#: eager with it in PyTorch, 1.02x on ORT; ResNet-18 1.21x against 1.26x. And convolutions
-#: whose weight ORT would read as a graph input on the CPU (training; inference without
-#: ``prepack_weights``): ORT's blocked (NCHWc) kernels need the weight as an initializer, and its
-#: generic one is about 25% slower than PyTorch's oneDNN kernel (ResNet-18's training forward:
-#: 50 against 40 ms of convolutions; the step 1.08x eager against 1.22x on ORT). Inference
-#: convolutions with prepacked or frozen weights, and every convolution on a GPU, run on ORT.
+#: eager with it in PyTorch, 1.02x on ORT; ResNet-18 1.21x against 1.26x. And convolutions of
+#: at least 4 MFLOP whose weight ORT would read as a graph input on the CPU (training; inference
+#: without ``prepack_weights``): ORT's blocked (NCHWc) kernels need the weight as an
+#: initializer, and its generic one is about 25% slower than PyTorch's oneDNN kernel (ResNet-18's
+#: training forward: 50 against 40 ms of convolutions; the step 1.08x eager against 1.22x on
+#: ORT); smaller ones cost less on ORT than a region boundary (MobileNetV3-small: 1.54x eager
+#: with all of them in PyTorch, 1.36-1.38x with the small ones on ORT; ``support.CONV_MIN_FLOPS``).
+#: Inference convolutions with prepacked or frozen weights, and every convolution on a GPU, run
+#: on ORT.
 TORCH_PREFERRED_OPS = frozenset(
     {
         "aten.convolution_backward",

@@ -37,6 +37,7 @@ __all__ = [
     "mark_runtime_weights",
     "PREFERRED_WHEN",
     "RUNTIME_WEIGHT",
+    "CONV_MIN_FLOPS",
     "probe_op",
     "probe_ops",
     "probe_error",
@@ -125,15 +126,37 @@ DISTRUSTED_WHEN: dict[Any, Callable[[dict[str, Any]], str | None]] = _distrusted
 
 #: ``node.meta`` key :func:`mark_runtime_weights` sets on a convolution: True where its weight
 #: reaches ORT as a graph input on the CPU (training graphs, inference without
-#: ``prepack_weights``), False where ORT gets it as an initializer
+#: ``prepack_weights``) and the convolution does at least :data:`CONV_MIN_FLOPS`
 RUNTIME_WEIGHT = "ort_lazy_runtime_weight"
+
+#: floating-point operations per call from which a CPU convolution with a run-time weight is
+#: left to PyTorch's oneDNN kernel: smaller ones cost less on ORT than the region boundary
+#: PyTorch's would add (MobileNetV3-small, convolutions of 0-14 MFLOP, median 0.9: its training
+#: step 1.26-1.37x eager with them on ORT, 1.43-1.56x in PyTorch; ConvNeXt's 4-8 MFLOP ones
+#: 1.71-1.73x in PyTorch against 1.85-1.86x on ORT; ResNet-18's, 26-472 MFLOP: 1.08x against 1.22x)
+CONV_MIN_FLOPS = 4_000_000
+
+
+def _convolution_flops(node: torch.fx.Node) -> float:
+    """Multiply-adds times two of a call of ``aten.convolution`` (infinity when a shape is symbolic:
+    never treated as small)."""
+    x, weight, out = _meta(node.args[0]), _meta(node.args[1]), _meta(node)
+    if not all(isinstance(t, torch.Tensor) for t in (x, weight, out)):
+        return 0.0
+    transposed = len(node.args) > 6 and bool(node.args[6])
+    # each output element (each input element when transposed) meets one weight slice
+    per_element, elements = weight[0].numel(), (x if transposed else out).numel()
+    if not isinstance(per_element, int) or not isinstance(elements, int):
+        return float("inf")
+    return 2.0 * elements * per_element
 
 
 def mark_runtime_weights(gm: torch.fx.GraphModule, constants: dict[int, Any] | None = None) -> None:
     """Set :data:`RUNTIME_WEIGHT` on every convolution of ``gm``: True where its weight is, or
-    is computed from, a graph input that regions do not bind as an initializer; ``constants``
-    are the positions of the placeholders they bind (``compile_graph``'s). A weight built from
-    constants alone (a rewrite's kernel of ones) is folded by ORT: not marked."""
+    is computed from, a graph input that regions do not bind as an initializer, and the call
+    does at least :data:`CONV_MIN_FLOPS`; ``constants`` are the positions of the placeholders
+    they bind (``compile_graph``'s). A weight built from constants alone (a rewrite's kernel of
+    ones) is folded by ORT: not marked."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     bound = {placeholders[i] for i in (constants or {}) if i < len(placeholders)}
     runtime: dict[torch.fx.Node, bool] = {}
@@ -150,6 +173,7 @@ def mark_runtime_weights(gm: torch.fx.GraphModule, constants: dict[int, Any] | N
                 and runtime.get(weight, False)
                 and isinstance(value, torch.Tensor)
                 and value.device.type == "cpu"
+                and _convolution_flops(node) >= CONV_MIN_FLOPS
             )
 
 
