@@ -27,25 +27,14 @@ __all__ = ["leading_sums_as_matmul"]
 
 def _constant_ints(value: Any) -> list[int] | None:
     """The int64 contents of an initializer or ``Constant`` output, else None."""
+    from onnx_ir.convenience import get_const_tensor
+
     if value is None:
         return None
-    const = value.const_value
-    if const is None:
-        producer = value.producer()
-        if producer is None or producer.op_type != "Constant" or producer.domain not in ("", "ai.onnx"):
-            return None
-        attr = producer.attributes.get("value")
-        if attr is not None:
-            const = attr.value
-        elif "value_ints" in producer.attributes:
-            return [int(i) for i in producer.attributes["value_ints"].value]
-        elif "value_int" in producer.attributes:
-            return [int(producer.attributes["value_int"].value)]
-        else:
-            return None
     try:
-        return [int(i) for i in np.asarray(const.numpy()).reshape(-1)]
-    except Exception:
+        tensor = get_const_tensor(value)
+        return None if tensor is None else [int(i) for i in np.asarray(tensor.numpy()).reshape(-1)]
+    except Exception:  # a malformed Constant: not a sum this rewrite knows
         return None
 
 
