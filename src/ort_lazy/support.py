@@ -132,8 +132,9 @@ RUNTIME_WEIGHT = "ort_lazy_runtime_weight"
 #: floating-point operations per call from which a CPU convolution with a run-time weight is
 #: left to PyTorch's oneDNN kernel: smaller ones cost less on ORT than the region boundary
 #: PyTorch's would add (MobileNetV3-small, convolutions of 0-14 MFLOP, median 0.9: its training
-#: step 1.26-1.37x eager with them on ORT, 1.43-1.56x in PyTorch; ConvNeXt's 4-8 MFLOP ones
-#: 1.71-1.73x in PyTorch against 1.85-1.86x on ORT; ResNet-18's, 26-472 MFLOP: 1.08x against 1.22x)
+#: step 1.36x eager with them on ORT, 1.54-1.56x with every one in PyTorch, 1.38-1.40x with this
+#: limit; ConvNeXt-atto's 0.8-8 MFLOP ones: 1.95-2.09x in all three forms, noise; ResNet-18's,
+#: 26-472 MFLOP: 1.08x in PyTorch against 1.22x on ORT)
 CONV_MIN_FLOPS = 4_000_000
 
 
