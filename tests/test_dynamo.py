@@ -155,12 +155,13 @@ def test_cnn_gradients_with_and_without_torch_preferred_ops(preferred, caplog, m
     if preferred == "default":
         # two convolutions and two batch norms in the backward graph, each a whole op, and the
         # forward's max pooling with indices and second convolution (the first, 3.5 MFLOP, is
-        # below CONV_MIN_FLOPS: on ORT)
+        # below CONV_MIN_FLOPS: on ORT), and the pooling's gradient
         assert kept == {
             "aten.convolution.default": {_PREFERRED: 1},
             "aten.convolution_backward.default": {_PREFERRED: 2},
             "aten.native_batch_norm_backward.default": {_PREFERRED: 2},
             "aten.max_pool2d_with_indices.default": {_PREFERRED: 1},
+            "aten.max_pool2d_with_indices_backward.default": {_PREFERRED: 1},
         }, fallbacks
         assert c["regions_on_ort"] >= 3, c  # forward, and the backward between the kept ops
     else:

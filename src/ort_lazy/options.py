@@ -54,7 +54,11 @@ PRECISIONS = ("fp32", "int8-dynamic")
 #: them on ORT and 1.11x in PyTorch, gradients the same. Also max pooling that returns its
 #: indices (training, where the backward reads them; in PyTorch as well): ORT's MaxPool with
 #: indices is its generic kernel, 1.9-2.4x PyTorch's time on 2 cores (ResNet's stem pooling
-#: 12.1 against 6.4 ms). Pooling without indices (inference) stays on ORT's fast kernel. The
+#: 12.1 against 6.4 ms). Pooling without indices (inference) stays on ORT's fast kernel; the
+#: 2-d pooling's gradient runs PyTorch's kernel too (ORT runs it as a ``ScatterElements``
+#: decomposition: ResNet's stem pooling, [2, 64, 112, 112], 2.7 ms against 0.9 ms; [8, 32, 56,
+#: 56] 1.2 against 0.4 ms; [4, 16, 32, 32] 0.17 against 0.12 ms; the 3-d one measured the same
+#: either way and stays on ORT). The
 #: ReLU gradient (``aten.threshold_backward``) on more than 65536 elements: ORT has no select
 #: faster than five elementwise passes there (its ``Where`` is slower still); smaller ones run
 #: on ORT (the region boundary would cost more). A TransformerEncoderLayer training step: 0.98x
@@ -72,6 +76,7 @@ TORCH_PREFERRED_OPS = frozenset(
         "aten.convolution_backward",
         "aten.native_batch_norm_backward",
         "aten.max_pool2d_with_indices",
+        "aten.max_pool2d_with_indices_backward",
         "aten.max_pool3d_with_indices",
         "aten.threshold_backward",
         "aten.convolution",

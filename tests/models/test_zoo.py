@@ -207,14 +207,15 @@ def _beyond_eager_error(what: str, actual: torch.Tensor, eager: torch.Tensor, f6
 def test_cnn_training_with_default_options(name: str) -> None:
     """The zoo's other training tests put every op on ORT; with the defaults the convolutions
     (forward: their weights are graph inputs; backward) and batch-norm gradients run in PyTorch
-    (``torch_preferred_ops``) between ORT regions, and max pooling with indices and large ReLU
-    gradients: the same gradients, everything else on ORT."""
+    (``torch_preferred_ops``) between ORT regions, and max pooling with indices, its gradient and
+    large ReLU gradients: the same gradients, everything else on ORT."""
     run = training(name, ())
     _assert_training_parity(run)
     preferred = {(op, r) for op, reasons in run.fallbacks.items() for r in reasons if r.startswith(Reason.PREFERRED)}
     always = {"aten.convolution.default", "aten.convolution_backward.default", "aten.native_batch_norm_backward.default"}
     forward_kept = {"aten.convolution.default", "aten.max_pool2d_with_indices.default"}
-    assert always <= {op for op, _ in preferred} <= always | forward_kept | {"aten.threshold_backward.default"}
+    backward_kept = {"aten.threshold_backward.default", "aten.max_pool2d_with_indices_backward.default"}
+    assert always <= {op for op, _ in preferred} <= always | forward_kept | backward_kept
     documented = set(DOCUMENTED_FALLBACKS.get(name, {}).get("training", {})) | preferred
     assert {(op, r) for op, reasons in run.fallbacks.items() for r in reasons} <= documented, run.report
     # the forward's other compute on ORT: all but the preferred ops and the running statistics'
