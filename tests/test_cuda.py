@@ -273,6 +273,33 @@ def test_inference_under_no_grad_and_half_model():
     cuda_sessions()
 
 
+def test_fp16_precision_computes_products_in_float16():
+    """``precision="fp16"`` on ORT's CUDA provider: the products run in float16 (its kernels,
+    not the CPU-side simulation ``test_half.py`` checks), the region's edges stay float32, the
+    result within float16's error of eager float32, and a weight change is followed."""
+    import onnx
+
+    from helpers import captured_exports
+
+    torch.manual_seed(0)
+    model = torch.nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True).to(DEV).eval()
+    x = torch.randn(2, 16, 64, device=DEV)
+    with torch.no_grad(), _tf32(False), captured_exports() as models:
+        compiled = compile_ort(model, precision="fp16")
+        expected, got = model(x), compiled(x)
+        assert got.dtype == torch.float32
+        assert float((got - expected).abs().max() / expected.abs().max()) < 1e-2
+        model.linear2.bias.add_(1.0)
+        expected, got = model(x), compiled(x)
+        assert float((got - expected).abs().max() / expected.abs().max()) < 1e-2
+    assert_ran_on_ort(2)
+    cuda_sessions()
+    graph = onnx.shape_inference.infer_shapes(onnx.load_from_string(models[0].model_bytes)).graph
+    types = {v.name: v.type.tensor_type.elem_type for v in graph.value_info}
+    products = [n for n in graph.node if n.op_type in ("MatMul", "Gemm")]
+    assert products and all(types.get(n.output[0]) == onnx.TensorProto.FLOAT16 for n in products)
+
+
 def test_changed_weight_between_calls():
     model = torch.nn.Linear(16, 4).to(DEV).eval()
     compiled = compile_ort(model)

@@ -44,8 +44,11 @@ ENV_VARIABLES = {
 
 #: Numeric precisions of inference graphs (``precision``): ``fp32`` keeps the model's own dtypes;
 #: ``int8-dynamic`` quantizes the weights of matrix products to int8 and their activations per
-#: call (ORT's dynamic quantization: faster on CPUs with int8 dot-product units, approximate).
-PRECISIONS = ("fp32", "int8-dynamic")
+#: call (ORT's dynamic quantization: faster on CPUs with int8 dot-product units, approximate);
+#: ``fp16`` computes the region in float16 between float32 edges where the provider has float16
+#: kernels for its matrix products (a GPU's tensor cores), exponentials, logarithms, powers and
+#: sums in float32 (``ort_lazy.export.half``; approximate).
+PRECISIONS = ("fp32", "int8-dynamic", "fp16")
 
 #: ``torch_preferred_ops`` by default: the convolution and batch-norm gradients. ORT's inference
 #: builds have no kernels for them, so on ORT they run as decompositions (transposed and
@@ -145,7 +148,10 @@ class Options:
             serves with one graph gets sessions bound to its own weights. ``False`` passes them
             as graph inputs.
         precision: inference graphs' numeric precision (:data:`PRECISIONS`); ``int8-dynamic``
-            quantizes weight matrix products (the model is rebuilt when a parameter changes).
+            quantizes weight matrix products, ``fp16`` computes in float16 where the provider
+            has float16 kernels for the matrix products (GPUs; ORT's CPU provider has none:
+            float32 there, with a warning). Both approximate; the model is rebuilt when a
+            parameter changes.
         dynamic: ``True`` exports symbolic dims where the graph has them, ``False`` forces
             one model per concrete input shape.
         cache_size: maximum number of ORT sessions kept (LRU).

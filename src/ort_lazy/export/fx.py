@@ -14,6 +14,7 @@ import torch.fx
 
 from .. import _compat, metrics
 from ..specs import TORCH_TO_ONNX, OrtModel, TensorSpec
+from .half import narrow_to_float16
 from .quantize import quantize_dynamic_int8
 from .reductions import leading_sums_as_matmul
 from .translations import register_own_translations
@@ -324,6 +325,9 @@ def _dedupe_outputs(model: Any) -> None:
         model.graph.outputs.extend(outputs)
 
 
+_CPU = ("CPUExecutionProvider",)
+
+
 def export_graph(
     gm: torch.fx.GraphModule,
     name: str = "region",
@@ -340,7 +344,9 @@ def export_graph(
     the session is given the tensors' own memory (:attr:`OrtModel.external`). ``providers``: the
     execution providers the model is for (see :func:`translate`). ``precision``
     ``int8-dynamic`` quantizes the matrix products of baked weights
-    (:func:`~ort_lazy.export.quantize.quantize_dynamic_int8`).
+    (:func:`~ort_lazy.export.quantize.quantize_dynamic_int8`); ``fp16`` computes them (and the
+    ops around them) in float16 where the providers have kernels
+    (:func:`~ort_lazy.export.half.narrow_to_float16`).
 
     Raises:
         ExportError: the translator failed (the message names the node), or ONNX shape
@@ -355,6 +361,13 @@ def export_graph(
         external: dict[str, int] = {}
         if constants:
             external = _bake_constants(model, constants, shared)
+            if precision == "fp16" and not shared and not narrow_to_float16(model, providers or _CPU):
+                metrics.warn_once(
+                    "fp16_unavailable",
+                    "ort-lazy: precision='fp16': no float16 kernel for the matrix products of %s on %s; "
+                    "it runs in float32",
+                    name, ", ".join(providers or _CPU),
+                )
         proto = ir.serde.serialize_model(model)
         _drop_unused_optional_outputs(proto)
         if precision == "int8-dynamic" and constants and not shared:
