@@ -123,9 +123,9 @@ def _cast(value: Any, to: Any, name: str) -> Any:
 
 def _half_constant(graph: Any, value: Any) -> Any:
     """A float16 initializer holding the float32 constant ``value`` (an initializer, a
-    ``Constant``'s output, or a ``Cast`` / ``CastLike`` of a floating-point one), finite values beyond float16's range clipped to +-65504 (the
-    ``finfo.min`` of attention masks stays a large negative number, not -inf); None when
-    ``value`` is not a constant."""
+    ``Constant``'s output, or a ``Cast`` / ``CastLike`` of a floating-point one), finite values
+    beyond float16's range clipped to +-65504 (the ``finfo.min`` of attention masks stays a
+    large negative number, not -inf); None when ``value`` is not a constant."""
     import numpy as np
     import onnx_ir as ir
     from onnx_ir.convenience import get_const_tensor
