@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -51,6 +53,40 @@ def test_translate_fx_graph_keeps_symbolic_dims():
     dims = [d.dim_param for d in proto.graph.input[0].type.tensor_type.shape.dim]
     assert all(dims), dims  # both dims symbolic
     assert {n.op_type for n in proto.graph.node} >= {"Relu", "Mul"}
+
+
+def test_translation_builds_one_op_signature_per_schema(monkeypatch):
+    """While a graph is translated, the exporter gets one cached signature per ONNX schema
+    (building one per emitted node was a quarter of the export time); the model is the same
+    as without the cache, and outside a translation onnx_ir's own method is back."""
+    import onnx
+    import onnx_ir as ir
+
+    cls = ir.schemas.OpSignature
+    original = cls.__dict__["from_op_schema"]
+    built: list[str] = []
+    real = original.__func__
+    monkeypatch.setattr(cls, "from_op_schema", classmethod(lambda k, schema: built.append(schema.name) or real(k, schema)))
+    monkeypatch.setattr(_compat, "_SIGNATURES", {})
+    gm = make_fx(lambda x: (torch.relu(x) * 2 + 1).relu() * 3)(torch.randn(3, 4))
+
+    def translate() -> bytes:
+        model = _compat.new_ir_model("t")
+        _compat.translate_fx_graph(gm.graph, model)
+        _compat.finalize_ir_model(model)
+        return ir.serde.serialize_model(model).SerializeToString()
+
+    cached = translate()
+    assert sorted(built) == sorted(set(built)) and {"Relu", "Mul"} <= set(built), built  # once per schema
+    built.clear()
+    translate()
+    assert built == []  # kept across translations
+    with monkeypatch.context() as m:
+        m.setattr(_compat, "cached_op_signatures", contextlib.nullcontext)
+        assert translate() == cached
+    assert len(built) > 4  # without the cache: one per node (two Relu, two Mul)
+    first = cls.from_op_schema(onnx.defs.get_schema("Relu", 18))
+    assert first is not cls.from_op_schema(onnx.defs.get_schema("Relu", 18))  # restored outside
 
 
 def test_fake_mode_tracing_context_and_real_mode():
