@@ -264,6 +264,36 @@ def test_gpu_lowering_on_cpu(monkeypatch: pytest.MonkeyPatch, name: str) -> None
     assert not [op for op in run.fallbacks if "scaled_dot_product" in op], run.report
 
 
+@pytest.mark.parametrize("name", FAST)
+def test_fp16_precision_graph_on_cpu(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """``precision="fp16"`` as a GPU gets it (products and the ops around them in float16),
+    run with the CPU provider's cast-around kernels: BERT's padding mask (float32's minimum,
+    added to the scores) and GPT-2's causal mask stay finite, and each model lands within
+    float16's error of eager float32, no region falling back."""
+    import functools
+
+    import zoo_runs
+
+    from ort_lazy import metrics
+    from ort_lazy.export import fx as export_fx
+    from ort_lazy.export import half
+
+    monkeypatch.setattr(export_fx, "narrow_to_float16", functools.partial(half.narrow_to_float16, exact=False))
+    case = CASES[name]
+    inputs, _ = zoo_runs._inputs(case)
+    model = case.model().eval()
+    metrics.reset()
+    with torch.no_grad():
+        expected = zoo_runs.outputs_of(case, model(**inputs))
+        actual = zoo_runs.outputs_of(case, torch.compile(model, backend="ort", options={"precision": "fp16"})(**inputs))
+    c = metrics.counters()
+    assert c["ort_runs"] > 0 and not (c["compile_failures"] or c["export_failures"] or c["ort_failures"]), c
+    for got, want in zip(actual, expected, strict=True):
+        assert got.dtype == want.dtype and torch.isfinite(got).all()
+        error = float((got - want).abs().max() / want.abs().max())
+        assert 0 < error < 1e-2, error  # not 0: the products really ran in float16
+
+
 @needs_cuda
 @pytest.mark.parametrize("name", ("bert", "gpt2", "llama", "vit", "resnet"))
 def test_cuda_inference_parity(name: str) -> None:
