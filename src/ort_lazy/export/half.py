@@ -1,5 +1,8 @@
 """``precision="fp16"``: inference regions computed in float16 by ORT.
 
+Applied, like ``int8-dynamic``, to the regions of inference graphs that bind the model's weights
+(``export_graph`` with baked constants); training graphs keep their dtypes.
+
 Every node of a region that computes on float32 values runs in float16 instead, where
 
 - the chosen providers have a float16 kernel for it (read from ORT's kernel registry: a node
