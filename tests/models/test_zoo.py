@@ -264,12 +264,12 @@ def test_gpu_lowering_on_cpu(monkeypatch: pytest.MonkeyPatch, name: str) -> None
     assert not [op for op in run.fallbacks if "scaled_dot_product" in op], run.report
 
 
-@pytest.mark.parametrize("name", FAST)
+@pytest.mark.parametrize("name", _params("fp16"))
 def test_fp16_precision_graph_on_cpu(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     """``precision="fp16"`` as a GPU gets it (products and the ops around them in float16),
-    run with the CPU provider's cast-around kernels: BERT's padding mask (float32's minimum,
-    added to the scores) and GPT-2's causal mask stay finite, and each model lands within
-    float16's error of eager float32, no region falling back."""
+    run with the CPU provider's cast-around kernels: attention masks (BERT's padding, the
+    decoders' causal masks: float32's minimum) stay finite, and each model lands within
+    float16's error of eager float32 (all 19: 1.7e-4 to 4.4e-3), no region falling back."""
     import functools
 
     import zoo_runs
