@@ -9,6 +9,7 @@ compute float16, so eager's float16 model is the reference for the error.
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import math
@@ -176,3 +177,26 @@ def test_explain_reports_the_fp16_error(gpu_like) -> None:
 
 def test_fp16_is_an_accepted_precision() -> None:
     assert Options(precision="FP16").precision == "fp16"
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8-dynamic"])
+def test_reduced_precision_leaves_training_graphs_alone_and_says_so(caplog, monkeypatch, gpu_like, precision) -> None:
+    """A reduced precision is for inference: a training step keeps eager's float32 values and
+    gradients (nothing narrowed or quantized), with one warning that says why."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(24, 48), torch.nn.GELU(), torch.nn.Linear(48, 8))
+    ref = copy.deepcopy(model)
+    x = torch.randn(6, 24)
+    monkeypatch.setattr(metrics, "_warned", set())
+    with captured_exports() as models, caplog.at_level(logging.WARNING, logger="ort_lazy"):
+        compile_ort(model, precision=precision)(x).square().mean().backward()
+    ref(x).square().mean().backward()
+    assert_ran_on_ort(2)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert_close(p.grad, q.grad)
+    for exported in models:
+        proto = onnx.load_from_string(exported.model_bytes)
+        assert F16 not in _types(proto).values()
+        assert not {n.op_type for n in proto.graph.node} & {"MatMulInteger", "DynamicQuantizeMatMul", "DynamicQuantizeLinear"}
+    said = [r.getMessage() for r in caplog.records if "applies to inference graphs" in r.getMessage()]
+    assert len(said) == 1 and precision in said[0], said

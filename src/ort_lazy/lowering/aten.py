@@ -93,6 +93,12 @@ def _aot_compiler(
     mode = mode or "snapshot"
 
     def build(gm: torch.fx.GraphModule, constants: dict[int, torch.Tensor] | None) -> Callable[..., Any]:
+        if options.precision != "fp32" and tag in ("forward", "backward"):
+            metrics.warn_once(
+                f"precision-training:{options.precision}",
+                "ort-lazy: precision=%r applies to inference graphs; training graphs keep their dtypes",
+                options.precision,
+            )
         try:
             work = copy_graph_module(gm)
             simplify_aten(work)
