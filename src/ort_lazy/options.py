@@ -151,7 +151,7 @@ class Options:
             quantizes weight matrix products, ``fp16`` computes in float16 where the provider
             has float16 kernels for the matrix products (GPUs; ORT's CPU provider has none:
             float32 there, with a warning). Both approximate; the model is rebuilt when a
-            parameter changes.
+            parameter changes. Training graphs keep their dtypes (with one warning).
         dynamic: ``True`` exports symbolic dims where the graph has them, ``False`` forces
             one model per concrete input shape.
         cache_size: maximum number of ORT sessions kept (LRU).
