@@ -15,6 +15,8 @@ Every built-in model (:data:`ort_lazy.models.BUILTIN`) runs side by side in one 
 * ``ort-int8``: ``torch.compile(backend="ort")`` with ``precision="int8-dynamic"`` (inference):
   ``x ort`` is its time over the fp32 ``ort`` row's, ``max rel`` its largest error against eager
   over eager's largest magnitude (int8 is approximate);
+* ``ort-fp16``: ``precision="fp16"`` (inference, ``--device cuda`` only, where it is a default
+  row): ``x ort`` and ``max rel`` as for ``ort-int8``;
 * ``eager-mixed`` / ``ort-mixed``: the mixed regime, each call right after one 512x512 PyTorch
   matmul (what a graph with PyTorch work between ORT regions, or a training step, sees). The
   matmul's own time, measured alone, is taken off: ``penalty`` is the remaining time over the
@@ -133,6 +135,7 @@ class Backend:
     floor_of: str | None = None  # the floor row this backend's ``vs_floor`` uses
     alone: str | None = None  # mixed-regime rows: the row of the same backend called alone
     reduced: bool = False  # a reduced-precision row: compared with the fp32 ``ort`` row
+    devices: tuple[str, ...] = ("cpu", "cuda")  # where the row means something
 
 
 @dataclasses.dataclass
@@ -352,9 +355,13 @@ BACKENDS: dict[str, Backend] = {
     "floor": Backend("floor", ("inference",), _build_floor),
     "floor+freeze": Backend("floor+freeze", ("inference",), lambda c: _build_floor(c, freeze=True)),
     "best-ort": Backend("best-ort", ("inference",), _build_best_ort),
-    "ort-int8": Backend("ort-int8", ("inference",), lambda c: _build_ort(c, precision="int8-dynamic"), reduced=True),
-    "eager-mixed": Backend("eager-mixed", MODES, _mixed(_build_eager), alone="eager"),
-    "ort-mixed": Backend("ort-mixed", MODES, _mixed(_build_ort), alone="ort"),
+    "ort-int8": Backend(
+        "ort-int8", ("inference",), lambda c: _build_ort(c, precision="int8-dynamic"), reduced=True, devices=("cpu",)
+    ),
+    # ORT's CPU provider has no float16 matrix kernels (regions stay float32 there)
+    "ort-fp16": Backend("ort-fp16", ("inference",), lambda c: _build_ort(c, precision="fp16"), reduced=True, devices=("cuda",)),
+    "eager-mixed": Backend("eager-mixed", MODES, _mixed(_build_eager), alone="eager", devices=("cpu",)),
+    "ort-mixed": Backend("ort-mixed", MODES, _mixed(_build_ort), alone="ort", devices=("cpu",)),
 }
 
 
@@ -577,8 +584,8 @@ def run_case(
         base = rss.settle() if rss.available else 0
         stage = "build"
         try:
-            if case.device != "cpu" and (backend.alone or backend.reduced):
-                raise ValueError(f"{name} is measured on the CPU only")
+            if case.device not in backend.devices:
+                raise ValueError(f"{name} is measured on {' and '.join(backend.devices)} only")
             p = backend.build(case)
             if case.device == "cuda":
                 p.step = _synchronized(p.step)
@@ -919,11 +926,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="torch.manual_seed for weights and inputs")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="where models and inputs live (cuda: ORT's CUDA provider; each timed call waits for the GPU; "
-                   "the mixed-regime and int8 rows are CPU-only)")
+                   "the mixed-regime and int8 rows are CPU-only, the fp16 row GPU-only)")
     p.add_argument("--json", dest="json_path", default="bench-results.json", help="JSON output path ('' to skip)")
     p.add_argument("--png", dest="png_path", default="bench-results.png", help="PNG chart path ('' to skip)")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the table and targets")
     return p
+
+
+def default_backends(device: str) -> list[str]:
+    """The rows run without ``--backends``: those of :data:`DEFAULT_BACKENDS` measured on
+    ``device``, and on a GPU its reduced precision (``ort-fp16``)."""
+    rows = [b for b in DEFAULT_BACKENDS if device in BACKENDS[b].devices]
+    return rows + (["ort-fp16"] if device == "cuda" else [])
 
 
 def run_suite(args: argparse.Namespace, log: Callable[[str], None]) -> tuple[list[Row], dict[str, Any]]:
@@ -931,6 +945,8 @@ def run_suite(args: argparse.Namespace, log: Callable[[str], None]) -> tuple[lis
     models = _csv(args.models)
     modes = _csv(args.modes)
     backends = _csv(args.backends)
+    if args.backends == ",".join(DEFAULT_BACKENDS):
+        backends = default_backends(args.device)
     if args.freeze:
         backends += [b for b in ("ort+freeze", "floor+freeze") if b not in backends]
     for kind, chosen, known in (("model", models, known_models()), ("mode", modes, MODES), ("backend", backends, BACKENDS)):

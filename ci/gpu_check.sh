@@ -61,7 +61,7 @@ tail -n 60 "$out/tests.log"
 if [ "$bench_s" -gt 0 ]; then
     echo "== bench"
     timeout "$bench_s" "$py" benchmarks/bench.py --device cuda --models "${BENCH_MODELS:-transformer,bert,gpt2,resnet,vit}" \
-        --modes inference,train --backends "${BENCH_BACKENDS:-eager,dynamo,inductor,ort,floor,best-ort}" \
+        --modes inference,train --backends "${BENCH_BACKENDS:-eager,dynamo,inductor,ort,floor,best-ort,ort-fp16}" \
         --max-time "${BENCH_MAX_TIME:-0.5}" --rounds 5 --warmup 10 --no-memory --json "$out/bench-cuda.json" --png "" -q \
         > "$out/bench.log" 2>&1
     echo "bench exit $?"

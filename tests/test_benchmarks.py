@@ -142,3 +142,23 @@ def test_best_ort_mixed_and_int8_rows(bench: ModuleType, tmp_path: Path) -> None
 
 def test_zoo_models_are_known(bench: ModuleType) -> None:
     assert {"bert", "gpt2", "resnet", "vit", "ffn"} <= set(bench.known_models())
+
+
+def test_device_only_rows_say_where_they_are_measured(bench: ModuleType, tmp_path: Path) -> None:
+    """The fp16 row is the GPU's (ORT's CPU provider has no float16 matrix kernels): asked for
+    on the CPU it is an error row that says so, and the others still run; with ``--device
+    cuda`` it is one of the default rows, the CPU-only rows are not run there."""
+    assert bench.BACKENDS["ort-fp16"].devices == ("cuda",)
+    assert bench.BACKENDS["ort-int8"].devices == ("cpu",) and bench.BACKENDS["ort-mixed"].devices == ("cpu",)
+    json_path = tmp_path / "bench.json"
+    rc = bench.main([
+        "--models", "seed", "--modes", "inference", "--backends", "eager,ort,ort-fp16", "--quick",
+        "--no-memory", "--json", str(json_path), "--png", "",
+    ])
+    assert rc == 1
+    rows = {r["backend"]: r for r in json.loads(json_path.read_text(encoding="utf-8"))["rows"]}
+    assert rows["ort-fp16"]["status"] == "error" and "measured on cuda only" in rows["ort-fp16"]["error"]
+    assert rows["eager"]["status"] == "ok" and rows["ort"]["status"] == "ok"
+    cuda = bench.default_backends("cuda")
+    assert "ort-fp16" in cuda and not {"ort-int8", "eager-mixed", "ort-mixed"} & set(cuda) and "best-ort" in cuda
+    assert bench.default_backends("cpu") == list(bench.DEFAULT_BACKENDS)
