@@ -163,6 +163,20 @@ def test_fp16_on_the_cpu_provider_stays_float32_with_a_warning(caplog, monkeypat
     assert len(said) == 1 and "CPUExecutionProvider" in said[0] and "runs in float32" in said[0], said
 
 
+def test_fp16_leaves_other_dtypes_alone_without_a_warning(caplog, monkeypatch, gpu_like) -> None:
+    """Only float32 is narrowed: a float64 model computes in float64 (eager's values exactly
+    enough for float64) and nothing warns about float16 kernels."""
+    torch.manual_seed(0)
+    model = MODELS["mlp"]().double().eval()
+    x = torch.randn(8, 64, dtype=torch.float64)
+    monkeypatch.setattr(metrics, "_warned", set())
+    with torch.no_grad(), captured_exports() as models, caplog.at_level(logging.WARNING, logger="ort_lazy"):
+        assert_close(compile_ort(model, precision="fp16")(x), model(x), rtol=1e-12, atol=1e-12)
+    assert_ran_on_ort()
+    assert all(F16 not in _types(onnx.load_from_string(m.model_bytes)).values() for m in models)
+    assert not [r for r in caplog.records if "precision='fp16'" in r.getMessage()]
+
+
 def test_explain_reports_the_fp16_error(gpu_like) -> None:
     import ort_lazy
 

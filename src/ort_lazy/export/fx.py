@@ -14,7 +14,7 @@ import torch.fx
 
 from .. import _compat, metrics
 from ..specs import TORCH_TO_ONNX, OrtModel, TensorSpec
-from .half import narrow_to_float16
+from .half import float32_products, narrow_to_float16
 from .quantize import quantize_dynamic_int8
 from .reductions import leading_sums_as_matmul
 from .translations import register_own_translations
@@ -361,13 +361,14 @@ def export_graph(
         external: dict[str, int] = {}
         if constants:
             external = _bake_constants(model, constants, shared)
-            if precision == "fp16" and not shared and not narrow_to_float16(model, providers or _CPU):
-                metrics.warn_once(
-                    "fp16_unavailable",
-                    "ort-lazy: precision='fp16': no float16 kernel for the matrix products of %s on %s; "
-                    "it runs in float32",
-                    name, ", ".join(providers or _CPU),
-                )
+            if precision == "fp16" and not shared:
+                if not narrow_to_float16(model, providers or _CPU) and float32_products(model):
+                    metrics.warn_once(
+                        "fp16_unavailable",
+                        "ort-lazy: precision='fp16': no float16 kernel for the matrix products of %s on %s; "
+                        "it runs in float32",
+                        name, ", ".join(providers or _CPU),
+                    )
         proto = ir.serde.serialize_model(model)
         _drop_unused_optional_outputs(proto)
         if precision == "int8-dynamic" and constants and not shared:

@@ -30,7 +30,7 @@ from typing import Any
 
 from .emitter import take_output_name
 
-__all__ = ["FLOAT32_OPS", "PRODUCT_OPS", "narrow_to_float16"]
+__all__ = ["FLOAT32_OPS", "PRODUCT_OPS", "float32_products", "narrow_to_float16"]
 
 #: op types kept in float32 inside a float16 region: float16's range (65504) or its 11-bit
 #: sums would change results that float32 computes well
@@ -150,6 +150,16 @@ def _half_constant(graph: Any, value: Any) -> Any:
     out = ir.Value(name=name, const_value=ir.tensor(half, name=name), shape=ir.Shape(half.shape), type=ir.TensorType(ir.DataType.FLOAT16))
     graph.register_initializer(out)
     return out
+
+
+def float32_products(model: Any) -> int:
+    """How many of ``model``'s (``onnx_ir``) top-level :data:`PRODUCT_OPS` compute in float32."""
+    import onnx_ir as ir
+
+    return sum(
+        1 for node in model.graph
+        if node.op_type in PRODUCT_OPS and any(v is not None and v.dtype == ir.DataType.FLOAT for v in node.inputs)
+    )
 
 
 def narrow_to_float16(model: Any, providers: Sequence[str], *, exact: bool = True) -> int:
