@@ -72,6 +72,16 @@ def test_quick_suite_writes_json_and_chart(bench: ModuleType, tmp_path: Path, ca
         assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def _seed_rows(bench: ModuleType, tmp_path: Path, backends: str) -> tuple[int, dict[str, dict]]:
+    """A quick inference run of the seed model with ``backends``: exit code and rows by backend."""
+    json_path = tmp_path / "bench.json"
+    rc = bench.main([
+        "--models", "seed", "--modes", "inference", "--backends", backends, "--quick",
+        "--no-memory", "--json", str(json_path), "--png", "",
+    ])
+    return rc, {r["backend"]: r for r in json.loads(json_path.read_text(encoding="utf-8"))["rows"]}
+
+
 def test_failing_backend_is_reported_and_run_continues(bench: ModuleType, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(case: object) -> object:
@@ -80,13 +90,8 @@ def test_failing_backend_is_reported_and_run_continues(bench: ModuleType, tmp_pa
     backends = dict(bench.BACKENDS)
     backends["broken"] = bench.Backend("broken", ("inference",), broken)
     monkeypatch.setattr(bench, "BACKENDS", backends)
-    json_path = tmp_path / "bench.json"
-    rc = bench.main([
-        "--models", "seed", "--modes", "inference", "--backends", "broken,eager,ort", "--quick",
-        "--no-memory", "--json", str(json_path), "--png", "",
-    ])
+    rc, rows = _seed_rows(bench, tmp_path, "broken,eager,ort")
     assert rc == 1
-    rows = {r["backend"]: r for r in json.loads(json_path.read_text(encoding="utf-8"))["rows"]}
     assert rows["broken"]["status"] == "error"
     assert "backend exploded" in rows["broken"]["error"]
     assert rows["eager"]["status"] == "ok" and rows["ort"]["status"] == "ok"
@@ -150,13 +155,8 @@ def test_device_only_rows_say_where_they_are_measured(bench: ModuleType, tmp_pat
     cuda`` it is one of the default rows, the CPU-only rows are not run there."""
     assert bench.BACKENDS["ort-fp16"].devices == ("cuda",)
     assert bench.BACKENDS["ort-int8"].devices == ("cpu",) and bench.BACKENDS["ort-mixed"].devices == ("cpu",)
-    json_path = tmp_path / "bench.json"
-    rc = bench.main([
-        "--models", "seed", "--modes", "inference", "--backends", "eager,ort,ort-fp16", "--quick",
-        "--no-memory", "--json", str(json_path), "--png", "",
-    ])
+    rc, rows = _seed_rows(bench, tmp_path, "eager,ort,ort-fp16")
     assert rc == 1
-    rows = {r["backend"]: r for r in json.loads(json_path.read_text(encoding="utf-8"))["rows"]}
     assert rows["ort-fp16"]["status"] == "error" and "measured on cuda only" in rows["ort-fp16"]["error"]
     assert rows["eager"]["status"] == "ok" and rows["ort"]["status"] == "ok"
     cuda = bench.default_backends("cuda")
