@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import _compat
 
-__all__ = ["Emitter", "translation_emitter", "take_output_name"]
+__all__ = ["Emitter", "translation_emitter", "take_output_name", "cast_node"]
 
 _names = itertools.count()
 
@@ -102,3 +102,15 @@ def take_output_name(graph: Any, old: Any, new: Any, suffix: str) -> bool:
         if value is old:
             graph.outputs[i] = new
     return True
+
+
+def cast_node(value: Any, to: Any, name: str) -> Any:
+    """A ``Cast`` of ``value`` (``onnx_ir``) to the data type ``to``, its output typed and shaped
+    (not yet in a graph)."""
+    import onnx_ir as ir
+
+    node = ir.Node("", "Cast", [value], attributes=[ir.AttrInt64("to", int(to))], num_outputs=1, name=name)
+    out = node.outputs[0]
+    out.dtype = to
+    out.shape = value.shape
+    return node

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .emitter import take_output_name
+from .emitter import cast_node, take_output_name
 
 __all__ = ["FLOAT32_OPS", "PRODUCT_OPS", "float32_products", "narrow_to_float16"]
 
@@ -53,12 +53,6 @@ PRODUCT_OPS = frozenset(
 )
 
 _FLOAT, _FLOAT16 = "tensor(float)", "tensor(float16)"
-
-
-def _floating() -> frozenset[Any]:
-    import onnx_ir as ir
-
-    return frozenset({ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
 
 
 def _formals(node: Any, domain: str, opset: int) -> tuple[list[str], list[str]]:
@@ -115,15 +109,6 @@ def _half_nodes(
     return chosen
 
 
-def _cast(value: Any, to: Any, name: str) -> Any:
-    import onnx_ir as ir
-
-    node = ir.Node("", "Cast", [value], attributes=[ir.AttrInt64("to", int(to))], num_outputs=1, name=name)
-    node.outputs[0].dtype = to
-    node.outputs[0].shape = value.shape
-    return node
-
-
 def _half_constant(graph: Any, value: Any) -> Any:
     """A float16 initializer holding the float32 constant ``value`` (an initializer, a
     ``Constant``'s output, or a ``Cast`` / ``CastLike`` of a floating-point one), finite values
@@ -141,7 +126,7 @@ def _half_constant(graph: Any, value: Any) -> Any:
         tensor = get_const_tensor(source)
     except Exception:  # a malformed Constant: cast at run time
         return None
-    if tensor is None or tensor.dtype not in _floating():
+    if tensor is None or not tensor.dtype.is_floating_point():
         return None
     data = np.asarray(tensor.numpy(), dtype=np.float32)
     limit = float(np.finfo(np.float16).max)
@@ -195,7 +180,7 @@ def narrow_to_float16(model: Any, providers: Sequence[str], *, exact: bool = Tru
             if narrow is None:
                 narrow = _half_constant(graph, value)
                 if narrow is None:
-                    cast = _cast(value, f16, f"{value.name}_to_half")
+                    cast = cast_node(value, f16, f"{value.name}_to_half")
                     graph.insert_before(node, cast)
                     narrow = cast.outputs[0]
                 to_half[value] = narrow
@@ -203,10 +188,9 @@ def narrow_to_float16(model: Any, providers: Sequence[str], *, exact: bool = Tru
     # float16 values read as float32: by other nodes (subgraphs included) and as outputs
     for value in narrowed_values:
         readers = [u for u in value.uses() if u.node not in chosen or u.idx not in chosen[u.node][0]]
-        is_output = any(v is value for v in graph.outputs)
-        if not readers and not is_output:
+        if not readers and not value.is_graph_output():
             continue
-        cast = _cast(value, f32, f"{value.name}_to_float")
+        cast = cast_node(value, f32, f"{value.name}_to_float")
         graph.insert_after(value.producer(), cast)
         for use in readers:
             use.node.replace_input_with(use.idx, cast.outputs[0])

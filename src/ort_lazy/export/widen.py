@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .emitter import take_output_name
+from .emitter import cast_node, take_output_name
 
 __all__ = ["widen_low_precision"]
 
@@ -73,16 +73,6 @@ def widen_low_precision(model: Any, providers: Sequence[str]) -> Any:
     return model
 
 
-def _cast(value: Any, to: Any, name: str) -> Any:
-    import onnx_ir as ir
-
-    node = ir.Node("", "Cast", [value], attributes=[ir.AttrInt64("to", int(to))], num_outputs=1, name=name)
-    out = node.outputs[0]
-    out.dtype = to
-    out.shape = value.shape
-    return node
-
-
 def _wrap_in_casts(graph: Any, node: Any) -> None:
     """Cast the node's float16 / bfloat16 inputs to float and its outputs back (in place)."""
     import onnx_ir as ir
@@ -91,7 +81,7 @@ def _wrap_in_casts(graph: Any, node: Any) -> None:
     base = node.name or node.op_type
     for i, value in enumerate(list(node.inputs)):
         if value is not None and value.dtype in low:
-            cast = _cast(value, f32, f"{base}_widen_in{i}")
+            cast = cast_node(value, f32, f"{base}_widen_in{i}")
             graph.insert_before(node, cast)
             node.replace_input_with(i, cast.outputs[0])
     for j, value in enumerate(node.outputs):
@@ -100,7 +90,7 @@ def _wrap_in_casts(graph: Any, node: Any) -> None:
         original = value.dtype
         uses = list(value.uses())
         value.dtype = f32
-        cast = _cast(value, original, f"{base}_narrow_out{j}")
+        cast = cast_node(value, original, f"{base}_narrow_out{j}")
         graph.insert_after(node, cast)
         narrowed = cast.outputs[0]
         for use in uses:
