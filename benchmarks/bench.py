@@ -909,8 +909,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--models", default=",".join(BUILTIN),
                    help=f"comma-separated, from: {', '.join(known_models())} (default: the built-ins)")
     p.add_argument("--modes", default=",".join(MODES), help="inference, train or both (comma-separated)")
-    p.add_argument("--backends", default=",".join(DEFAULT_BACKENDS),
-                   help=f"comma-separated, from: {', '.join(BACKENDS)} (--freeze adds the +freeze rows)")
+    p.add_argument("--backends", default=None,
+                   help=f"comma-separated, from: {', '.join(BACKENDS)} (default: {', '.join(DEFAULT_BACKENDS)}, "
+                   "less the CPU-only rows and with ort-fp16 on --device cuda; --freeze adds the +freeze rows)")
     p.add_argument("--reps", type=int, default=200, help="timed calls per row (fewer if --max-time runs out)")
     p.add_argument("--warmup", type=int, default=20, help="untimed calls per row after the first call")
     p.add_argument("--rounds", type=int, default=10, help="timed calls are interleaved across rows in this many rounds")
@@ -944,9 +945,7 @@ def run_suite(args: argparse.Namespace, log: Callable[[str], None]) -> tuple[lis
     """Run every selected model, mode and backend; the rows (ratios filled) and run metadata."""
     models = _csv(args.models)
     modes = _csv(args.modes)
-    backends = _csv(args.backends)
-    if args.backends == ",".join(DEFAULT_BACKENDS):
-        backends = default_backends(args.device)
+    backends = _csv(args.backends) if args.backends else default_backends(args.device)
     if args.freeze:
         backends += [b for b in ("ort+freeze", "floor+freeze") if b not in backends]
     for kind, chosen, known in (("model", models, known_models()), ("mode", modes, MODES), ("backend", backends, BACKENDS)):

@@ -337,12 +337,12 @@ def cached_op_signatures() -> Iterator[None]:
         return
 
     def from_op_schema(klass: Any, schema: Any) -> Any:
+        if klass is not cls:  # a subclass: its own signature type, not cached
+            return build(klass, schema)
         key = (schema.domain, schema.name, schema.since_version)
         signature = _SIGNATURES.get(key)
-        if signature is None or klass is not cls:
-            signature = build(klass, schema)
-            if klass is cls:
-                _SIGNATURES[key] = signature
+        if signature is None:
+            signature = _SIGNATURES[key] = build(klass, schema)
         return signature
 
     cls.from_op_schema = classmethod(from_op_schema)
