@@ -20,6 +20,12 @@ def compile_ort(model: Any, **options: Any) -> Any:
     return torch.compile(model, backend="ort")
 
 
+def max_rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """The largest absolute difference over the largest magnitude of ``expected`` (in float32):
+    the error measure of the reduced-precision tests."""
+    return float((actual.float() - expected.float()).abs().max() / expected.float().abs().max())
+
+
 def assert_close(actual: Any, expected: Any, rtol: float = 1e-4, atol: float = 1e-5, scale: bool = True) -> None:
     """Compare tensors (or sequences of them); ``scale`` makes atol relative to the largest |value|."""
     if isinstance(expected, (tuple, list)):

@@ -16,7 +16,16 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from helpers import assert_close, assert_ran_on_ort, compile_ort, cuda_ready, cuda_sessions, train_parity
+from helpers import (
+    assert_close,
+    assert_ran_on_ort,
+    captured_exports,
+    compile_ort,
+    cuda_ready,
+    cuda_sessions,
+    max_rel_error,
+    train_parity,
+)
 from ort_lazy import metrics
 
 pytestmark = pytest.mark.skipif(not cuda_ready(), reason="needs a CUDA GPU and onnxruntime-gpu (CUDAExecutionProvider)")
@@ -279,8 +288,6 @@ def test_fp16_precision_computes_products_in_float16():
     result within float16's error of eager float32, and a weight change is followed."""
     import onnx
 
-    from helpers import captured_exports
-
     torch.manual_seed(0)
     model = torch.nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True).to(DEV).eval()
     x = torch.randn(2, 16, 64, device=DEV)
@@ -288,10 +295,10 @@ def test_fp16_precision_computes_products_in_float16():
         compiled = compile_ort(model, precision="fp16")
         expected, got = model(x), compiled(x)
         assert got.dtype == torch.float32
-        assert float((got - expected).abs().max() / expected.abs().max()) < 1e-2
+        assert max_rel_error(got, expected) < 1e-2
         model.linear2.bias.add_(1.0)
         expected, got = model(x), compiled(x)
-        assert float((got - expected).abs().max() / expected.abs().max()) < 1e-2
+        assert max_rel_error(got, expected) < 1e-2
     assert_ran_on_ort(2)
     cuda_sessions()
     graph = onnx.shape_inference.infer_shapes(onnx.load_from_string(models[0].model_bytes)).graph

@@ -18,7 +18,7 @@ import onnx
 import pytest
 import torch
 
-from helpers import assert_close, assert_ran_on_ort, captured_exports, compile_ort
+from helpers import assert_close, assert_ran_on_ort, captured_exports, compile_ort, max_rel_error
 from ort_lazy import Options, metrics
 from ort_lazy.export import fx as export_fx
 from ort_lazy.export import half
@@ -31,10 +31,6 @@ F16, F32 = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
 def gpu_like(monkeypatch):
     """Narrow as for a provider with float16 kernels wherever ORT has float32 ones."""
     monkeypatch.setattr(export_fx, "narrow_to_float16", functools.partial(half.narrow_to_float16, exact=False))
-
-
-def _rel_error(got: torch.Tensor, expected: torch.Tensor) -> float:
-    return float((got.float() - expected.float()).abs().max() / expected.float().abs().max())
 
 
 def _types(proto: onnx.ModelProto) -> dict[str, int]:
@@ -84,7 +80,7 @@ def test_fp16_regions_compute_in_float16_with_float32_edges(gpu_like, name: str)
         expected = model(x)
         got = compile_ort(model, precision="fp16")(x)
         try:
-            half_error = _rel_error(model.half()(x.half()), expected)
+            half_error = max_rel_error(model.half()(x.half()), expected)
         except RuntimeError:  # float32's minimum does not fit eager's float16 (the mask)
             half_error = 1e-3
         model.float()
@@ -92,7 +88,7 @@ def test_fp16_regions_compute_in_float16_with_float32_edges(gpu_like, name: str)
     assert metrics.counters()["fallback_ops"] == 0, metrics.fallbacks()
     assert got.dtype == torch.float32 and not got.isnan().any()
     # about eager's own float16 error, and small
-    error = _rel_error(got, expected)
+    error = max_rel_error(got, expected)
     assert error < max(3 * half_error, 2e-3) and error < 1e-2, (error, half_error)
     (exported,) = models
     proto = onnx.load_from_string(exported.model_bytes)
@@ -140,9 +136,9 @@ def test_fp16_follows_weight_changes(gpu_like) -> None:
     x = torch.randn(8, 64)
     with torch.no_grad():
         compiled = compile_ort(model, precision="fp16")
-        assert _rel_error(compiled(x), model(x)) < 1e-2
+        assert max_rel_error(compiled(x), model(x)) < 1e-2
         model[2].bias.add_(1.0)
-        assert _rel_error(compiled(x), model(x)) < 1e-2
+        assert max_rel_error(compiled(x), model(x)) < 1e-2
     assert metrics.counters()["weight_refreshes"] == 1
     assert_ran_on_ort(2)
 

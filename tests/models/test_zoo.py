@@ -35,7 +35,7 @@ from torchvision_stub import import_timm
 from zoo import CASES, FAST
 from zoo_runs import ALL_ON_ORT, Run, TrainingRun, inference, max_relative_grad_error, training
 
-from helpers import assert_close, cuda_ready, cuda_sessions
+from helpers import assert_close, cuda_ready, cuda_sessions, max_rel_error
 from ort_lazy.reasons import Reason
 
 #: Ops a case leaves to PyTorch by design, with why that is not a bug.
@@ -290,7 +290,7 @@ def test_fp16_precision_graph_on_cpu(monkeypatch: pytest.MonkeyPatch, name: str)
     assert c["ort_runs"] > 0 and not (c["compile_failures"] or c["export_failures"] or c["ort_failures"]), c
     for got, want in zip(actual, expected, strict=True):
         assert got.dtype == want.dtype and torch.isfinite(got).all()
-        error = float((got - want).abs().max() / want.abs().max())
+        error = max_rel_error(got, want)
         assert 0 < error < 1e-2, error  # not 0: the products really ran in float16
 
 
