@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
+import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -113,3 +114,56 @@ def test_function_from_graph_and_fast_path_symbol():
     assert fn(torch.ones(2)).tolist() == [3.0, 3.0]
     assert callable(_compat.transformer_encoder_fast_path())
     assert isinstance(_compat.lazy_backend_registered(), bool)
+
+
+def _symbolic_fake(*shape: int) -> tuple[object, torch.Tensor]:
+    """A fake mode with a shape environment and a fake tensor of symbolic ``shape``."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    return mode, mode.from_tensor(torch.randn(*shape), static_shapes=False)
+
+
+def test_functionalize_keeps_symbolic_sizes_and_input_writes():
+    """Python functionalization: ``linear`` of a 3-d input leaves its dims symbolic (no guard is
+    added; ``torch.func.functionalize`` adds one per dim), in-place ops become functional and a
+    write into an input is one ``copy_`` into it at the end."""
+    def f(x: torch.Tensor, weight: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
+        y = torch.nn.functional.linear(x, weight)
+        y.relu_()
+        buf.add_(1)
+        return y * 2
+
+    mode, x = _symbolic_fake(2, 3, 4)
+    weight, buf = mode.from_tensor(torch.randn(4, 4)), mode.from_tensor(torch.zeros(4))
+    with mode, _compat.python_dispatcher(mode):
+        gm = make_fx(_compat.functionalize(f))(x, weight, buf)
+    assert not mode.shape_env.guards, mode.shape_env.guards
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert torch.ops.aten.relu.default in targets and torch.ops.aten.relu_.default not in targets
+    assert targets.count(torch.ops.aten.copy_.default) == 1 and targets[-1] == torch.ops.aten.copy_.default
+    # the graph computes what f computes, and writes the input as f does
+    real_x, real_weight, real_buf = torch.randn(5, 3, 4), torch.randn(4, 4), torch.zeros(4)
+    expected = f(real_x, real_weight, torch.zeros(4))
+    torch.testing.assert_close(gm(real_x, real_weight, real_buf), expected)
+    assert real_buf.tolist() == [1.0] * 4
+
+
+def test_functionalize_refuses_a_change_of_input_shape():
+    def f(x: torch.Tensor) -> torch.Tensor:
+        x.resize_(6)
+        return x
+
+    with pytest.raises(NotImplementedError, match="shape, strides or storage"):
+        make_fx(_compat.functionalize(f))(torch.randn(2, 3))
+
+
+def test_python_dispatcher_only_with_a_shape_environment():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    assert isinstance(_compat.python_dispatcher(FakeTensorMode()), contextlib.nullcontext)
+    assert isinstance(_compat.python_dispatcher(None), contextlib.nullcontext)
+    mode, _ = _symbolic_fake(2)
+    with _compat.python_dispatcher(mode):
+        assert torch._C._dispatch_tls_is_dispatch_key_included(torch._C.DispatchKey.PythonDispatcher)

@@ -368,6 +368,96 @@ def test_dynamic_batch_one_session_serves_all_sizes():
     assert c["graphs_compiled"] == 2, c
 
 
+def _linear_3d() -> torch.nn.Module:
+    return torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 8)
+    )
+
+
+class _SqueezeExcite(torch.nn.Module):
+    """Convolutions with in-place activations and an in-place broadcast gate (MobileNet's
+    squeeze-excitation): decompositions of in-place ops broadcast through ``expand``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.act = torch.nn.Hardswish(inplace=True)
+        self.gate = torch.nn.Conv2d(8, 8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.act(self.conv(x))
+        h = h.mul_(torch.sigmoid(self.gate(h.mean((2, 3), keepdim=True))))
+        return h.flatten(1).mean(1, keepdim=True)
+
+
+#: Models whose composite ops (linear and matmul of 3-d inputs, attention, views, flatten)
+#: read sizes: name -> (model, inputs of batch b and length t). SmallCNN varies the batch only.
+SYMBOLIC_CASES = {
+    "linear-3d": (_linear_3d, lambda b, t: torch.randn(b, t, 16)),
+    "tinygpt": (
+        lambda: TinyGPT(vocab=50, dim=32, heads=2, layers=1, max_len=16),
+        lambda b, t: torch.randint(0, 50, (b, t)),
+    ),
+    "cnn": (SmallCNN, lambda b, t: torch.randn(b, 3, 32, 32)),
+    "squeeze-excite": (_SqueezeExcite, lambda b, t: torch.randn(b, 3, t, t)),
+}
+
+
+@pytest.mark.parametrize("kind", ["inference", "inference-aotautograd", "training"])
+@pytest.mark.parametrize("name", SYMBOLIC_CASES)
+def test_symbolic_dims_stay_symbolic(
+    name: str, kind: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``dynamic=True``: one graph and one session per region serve every size. ort-lazy adds no
+    guard that fixes a dim (before, the no-grad lowering's functionalization read concrete
+    sizes in ``linear`` of a 3-d input: dynamo recompiled for every new length, and after 8
+    it ran the model in eager without ORT). ``inference-aotautograd`` takes the no-grad path
+    through AOTAutograd that serves graphs the direct lowering cannot (it called its compiler
+    inside its fake mode, where binding real weights failed and the graph ran in PyTorch)."""
+    from ort_lazy.lowering import aten as lowering
+
+    train = kind == "training"
+    if kind == "inference-aotautograd":
+        monkeypatch.setattr(lowering, "_inference_graph", lambda *args, **kwargs: None)
+    make, inputs = SYMBOLIC_CASES[name]
+    sizes = [(2, 5), (3, 7), (5, 11), (4, 9)]
+
+    def step(model: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+        if not train:
+            with torch.no_grad():
+                return [model(x)]
+        out = model(x)
+        out.square().mean().backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        return [out.detach(), *grads]
+
+    torch.manual_seed(0)
+    model = make().train(train)
+    eager_frames = []
+    reference = torch.compile(
+        copy.deepcopy(model), backend=lambda gm, _: eager_frames.append(gm) or gm, dynamic=True
+    )
+    torch._dynamo.reset()
+    for b, t in sizes:
+        reference(inputs(b, t))
+    assert len(eager_frames) == 1, "the case itself recompiles in dynamo: it cannot test ort-lazy's guards"
+
+    metrics.reset()
+    torch._dynamo.reset()
+    compiled = torch.compile(copy.deepcopy(model), backend="ort", dynamic=True)
+    caplog.set_level(logging.DEBUG, logger="ort_lazy")
+    for b, t in sizes:
+        x = inputs(b, t)
+        for got, want in zip(step(compiled, x), step(model, x)):
+            assert_close(got, want, rtol=1e-4, atol=1e-5)
+    c = assert_ran_on_ort(len(sizes) * (2 if train else 1))
+    assert c["graphs_compiled"] == (2 if train else 1), c  # forward and backward once, or the no-grad graph
+    assert c["sessions_created"] == c["regions_on_ort"], c  # one session per region for every size
+    assert c["ort_failures"] == 0 and c["export_failures"] == 0, c
+    assert "direct inference lowering failed" not in caplog.text  # no-grad graphs skip AOTAutograd
+
+
 def test_session_cache_hit_for_identical_graph():
     def f(x):
         return torch.tanh(x) * 3

@@ -197,6 +197,59 @@ def tracing_context(fake_mode: Any) -> Any:
     return tracing(TracingContext(fake_mode))
 
 
+def functionalize(fn: Any) -> Any:
+    """``fn`` traced without mutations: ops that write in place become their functional forms;
+    a write into an input is kept as one ``copy_`` into that input at the end.
+
+    Like ``torch.func.functionalize(fn, remove="mutations")``, but through the Python
+    functionalization AOTAutograd uses, which keeps symbolic sizes symbolic: the C++ wrapper
+    of ``torch.func.functionalize`` reads concrete sizes in composite ops (``linear`` of a 3-d
+    input), which specializes the dims they touch and makes dynamo recompile per shape.
+    Raises ``NotImplementedError`` for inputs it does not handle (tensor subclasses, a change
+    of an input's shape, strides or storage).
+    """
+    from torch._functorch._aot_autograd.functional_utils import from_fun, to_fun
+    from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    def run(*args: Any) -> Any:
+        if any(isinstance(a, torch.Tensor) and is_traceable_wrapper_subclass(a) for a in args):
+            raise NotImplementedError("tensor subclass input")
+        exclude = torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize))
+        with exclude, FunctionalTensorMode():
+            wrapped = [to_fun(a) for a in args]
+            outputs = fn(*wrapped)
+            outputs = torch.utils._pytree.tree_map_only(FunctionalTensor, from_fun, outputs)
+            written = []
+            for arg, value in zip(args, wrapped):
+                if not isinstance(value, FunctionalTensor):
+                    continue
+                torch._sync(value)
+                if torch._functionalize_has_metadata_mutation(value.elem) or torch._functionalize_was_storage_changed(
+                    value.elem
+                ):
+                    raise NotImplementedError("an input's shape, strides or storage change")
+                if torch._functionalize_has_data_mutation(value.elem):
+                    written.append((arg, from_fun(value)))
+        for arg, value in written:
+            arg.copy_(value)
+        return outputs
+
+    return run
+
+
+def python_dispatcher(fake_mode: Any) -> contextlib.AbstractContextManager[Any]:
+    """The Python dispatcher while tracing with a fake mode that has a shape environment, as
+    AOTAutograd traces: composite ops then decompose through their Python implementations,
+    which take symbolic sizes (the C++ kernels some of them reach want concrete integers and
+    fail: the decomposition of MobileNet's in-place activations broadcasts through ``expand``)."""
+    if getattr(fake_mode, "shape_env", None) is None:
+        return contextlib.nullcontext()
+    from torch._dispatch.python import enable_python_dispatcher
+
+    return enable_python_dispatcher()
+
+
 def new_fake_mode() -> Any:
     """A fresh FakeTensorMode (meta-only tensors carrying dtype/shape/device)."""
     from torch._subclasses.fake_tensor import FakeTensorMode

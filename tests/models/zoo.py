@@ -293,6 +293,7 @@ def _swin() -> torch.nn.Module:
     return import_timm().create_model(
         "swin_tiny_patch4_window7_224", pretrained=False, num_classes=10, img_size=56, embed_dim=32,
         depths=(1, 1), num_heads=(2, 4), window_size=7,
+        drop_path_rate=0.0,  # timm's Swin drops residual paths at random (0.1) by default; parity needs none
     )
 
 

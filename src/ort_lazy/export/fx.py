@@ -134,7 +134,7 @@ def _exact_double_scalars(gm: torch.fx.GraphModule) -> dict[int, torch.Tensor]:
         return holder
 
     def inexact(value: Any) -> bool:
-        return type(value) is float and float(torch.tensor(value, dtype=torch.float32)) != value
+        return type(value) is float and float(np.float32(value)) != value
 
     for node in list(gm.graph.nodes):
         if node.op != "call_function":
@@ -443,7 +443,8 @@ def _bake_constants(model: Any, constants: dict[int, torch.Tensor], shared: bool
     for i, value in enumerate(inputs):
         if i in constants and shared:
             tensor = constants[i]
-            dtype = ir.DataType.from_numpy(torch.empty((), dtype=tensor.dtype).numpy().dtype) if tensor.dtype != torch.bfloat16 else ir.DataType.BFLOAT16
+            # from the dtype alone: no tensor is made here (export may run inside a fake mode)
+            dtype = ir.DataType(TORCH_TO_ONNX[tensor.dtype])
             value.const_value = ir.ExternalTensor(
                 f"ort-lazy-shared-{i}", offset=None, length=None, dtype=dtype, shape=ir.Shape(tuple(tensor.shape)), name=value.name
             )

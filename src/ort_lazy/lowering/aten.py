@@ -106,7 +106,9 @@ def _aot_compiler(
             # without outputs; ops that write stay (impure)
             work.graph.eliminate_dead_code()
             drop_unused_indices(work)
-            forward = compile_graph(work, options, tag=tag, constants=constants, weights=mode).forward
+            # AOTAutograd may call its compilers inside its fake mode; regions read real weights
+            with _compat.real_tensor_mode():
+                forward = compile_graph(work, options, tag=tag, constants=constants, weights=mode).forward
         except Exception as e:
             _failed(tag, e, options)
             forward = gm.forward  # the graph as AOTAutograd made it, untouched
@@ -338,8 +340,8 @@ def _inference_graph(
     (fake_mode,) = modes.values()
     table = decomposition_table(options.cache_dir, options.torch_ops)
     try:
-        with fake_mode, torch.no_grad(), _attention_backends(device_type):
-            aten = make_fx(torch.func.functionalize(gm, remove="mutations"), decomposition_table=table)(*fake_args)
+        with fake_mode, _compat.python_dispatcher(fake_mode), torch.no_grad(), _attention_backends(device_type):
+            aten = make_fx(_compat.functionalize(gm), decomposition_table=table)(*fake_args)
             # Decompositions run below functionalization: one that writes in place (circular
             # padding's copies into a fresh tensor) leaves a mutation of an intermediate in
             # the graph. Functionalize the decomposed graph again so every such write becomes
@@ -349,7 +351,7 @@ def _inference_graph(
                     break
                 if attempt == 2:
                     return None  # AOTAutograd functionalizes it
-                aten = make_fx(torch.func.functionalize(aten, remove="mutations"), decomposition_table=table)(*fake_args)
+                aten = make_fx(_compat.functionalize(aten), decomposition_table=table)(*fake_args)
     except Exception as e:  # anything unusual goes through AOTAutograd as usual
         logger.debug("ort-lazy: direct inference lowering failed (%s); using AOTAutograd", e)
         return None
