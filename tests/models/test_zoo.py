@@ -33,7 +33,17 @@ import pytest
 import torch
 from torchvision_stub import import_timm
 from zoo import CASES, FAST, outputs_of
-from zoo_runs import ALL_ON_ORT, Run, TrainingRun, _inputs, _one_thread, inference, max_relative_grad_error, training
+from zoo_runs import (
+    ALL_ON_ORT,
+    Run,
+    TrainingRun,
+    case_inputs,
+    inference,
+    loss_of,
+    max_relative_grad_error,
+    one_thread,
+    training,
+)
 
 from helpers import assert_close, cuda_ready, cuda_sessions, max_rel_error
 from ort_lazy import metrics
@@ -246,13 +256,13 @@ def test_training_step_is_deterministic(name: str) -> None:
     whose draws eager and ORT make apart, can turn a parity test into a coin toss (timm's Swin
     drops residual paths at random by default)."""
     case = CASES[name]
-    inputs, labels = _inputs(case)
+    inputs, labels = case_inputs(case)
     model = case.train_model().train()
     losses = []
     for seed in (1, 2):
         torch.manual_seed(seed)
         with torch.no_grad():
-            losses.append(_loss_of(model(**inputs, labels=labels)))
+            losses.append(loss_of(model(**inputs, labels=labels)))
     assert torch.equal(losses[0], losses[1]), losses
 
 
@@ -272,16 +282,16 @@ def test_dynamic_batch_compiles_once(name: str) -> None:
     pass-through backend (ort-lazy adds no guard that fixes a dim), every graph on ORT without
     failures, inference outputs, the training loss and every gradient as eager's at each batch."""
     case = CASES[name]
-    inputs, labels = _inputs(case)
+    inputs, labels = case_inputs(case)
     batches = [(_batch_times(inputs, n), labels.repeat(n, *[1] * (labels.dim() - 1))) for n in (1, 2, 3)]
 
-    def frames(backend, model, train: bool) -> list:
+    def steps(backend, model, train: bool) -> list:
         compiled = torch.compile(model, backend=backend, dynamic=True)
         results = []
         for x, y in batches:
             if train:
                 model.zero_grad()
-                loss = _loss_of(compiled(**x, labels=y))
+                loss = loss_of(compiled(**x, labels=y))
                 loss.backward()
                 results.append([loss.detach()] + [p.grad.clone() for p in model.parameters() if p.grad is not None])
             else:
@@ -289,15 +299,15 @@ def test_dynamic_batch_compiles_once(name: str) -> None:
                     results.append(outputs_of(case, compiled(**x)))
         return results
 
-    with _one_thread():
+    with one_thread():
         for train in (False, True):
             make = (lambda: case.train_model().train()) if train else (lambda: case.model().eval())
             graphs: list = []
             torch._dynamo.reset()
-            expected = frames(lambda gm, _: graphs.append(gm) or gm, make(), train)
+            expected = steps(lambda gm, _, seen=graphs: seen.append(gm) or gm, make(), train)
             torch._dynamo.reset()
             metrics.reset()
-            actual = frames("ort", make(), train)
+            actual = steps("ort", make(), train)
             c = metrics.counters()
             torch._dynamo.reset()
             kind = "training" if train else "inference"
@@ -305,17 +315,13 @@ def test_dynamic_batch_compiles_once(name: str) -> None:
             assert c["ort_runs"] >= len(batches) and c["export_failures"] == 0 and c["ort_failures"] == 0, (kind, c)
             for got, want in zip(actual, expected):
                 assert len(got) == len(want)
-                # floor: the model's largest value, for gradients that are analytically zero
+                # floor: the step's largest compared value, for gradients that are analytically zero
                 # and hold rounding noise only (BERT's unused embedding rows: 2e-13)
                 floor = 1e-6 * max(float(w.abs().max()) for w in want)
                 rtol = DYNAMIC_GRAD_RTOL if train else 1e-4
                 for a, e in zip(got, want):
                     diff = float((a - e).abs().max())
                     assert diff <= rtol * float(e.abs().max()) + floor, (kind, tuple(e.shape), diff)
-
-
-def _loss_of(out) -> torch.Tensor:
-    return out.loss if hasattr(out, "loss") else out
 
 
 def _on_cuda_provider(run: Run) -> None:
@@ -359,7 +365,7 @@ def test_fp16_precision_graph_on_cpu(monkeypatch: pytest.MonkeyPatch, name: str)
 
     monkeypatch.setattr(export_fx, "narrow_to_float16", functools.partial(half.narrow_to_float16, exact=False))
     case = CASES[name]
-    inputs, _ = zoo_runs._inputs(case)
+    inputs, _ = zoo_runs.case_inputs(case)
     model = case.model().eval()
     metrics.reset()
     with torch.no_grad():

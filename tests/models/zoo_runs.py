@@ -91,7 +91,7 @@ class TrainingRun(Run):
 
 
 @contextlib.contextmanager
-def _one_thread() -> Iterator[None]:
+def one_thread() -> Iterator[None]:
     """Eager PyTorch and ORT (which follows ``torch.get_num_threads()``) on one thread each.
 
     On a shared 2-core machine, two OpenMP threads make eager timings swing by 100x (a tiny
@@ -141,7 +141,8 @@ def _compiled_run(run: Run, body: Callable[[], None]) -> None:
     torch._dynamo.reset()
 
 
-def _inputs(case: ModelCase, device: str = "cpu") -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+def case_inputs(case: ModelCase, device: str = "cpu") -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The case's inputs and training labels (seed 0), on ``device``."""
     gen = torch.Generator().manual_seed(0)
     inputs = {k: v.to(device) for k, v in case.inputs(gen).items()}
     return inputs, case.labels(gen).to(device)
@@ -150,14 +151,14 @@ def _inputs(case: ModelCase, device: str = "cpu") -> tuple[dict[str, torch.Tenso
 @functools.cache
 def inference(name: str, device: str = "cpu") -> InferenceRun:
     """Eval mode, no grad: eager outputs, ort-lazy outputs, timings (model and inputs on ``device``)."""
-    with _one_thread():
+    with one_thread():
         return _inference(name, device)
 
 
 def _inference(name: str, device: str) -> InferenceRun:
     case = CASES[name]
     run = InferenceRun(name)
-    inputs, _ = _inputs(case, device)
+    inputs, _ = case_inputs(case, device)
     model = case.model().eval().to(device)
     with torch.no_grad():
         run.expected = outputs_of(case, model(**inputs))
@@ -177,7 +178,8 @@ def _inference(name: str, device: str) -> InferenceRun:
     return run
 
 
-def _loss(out: Any) -> torch.Tensor:
+def loss_of(out: Any) -> torch.Tensor:
+    """The training loss of a step's output (a Hugging Face output's ``loss``, else the output)."""
     return out.loss if hasattr(out, "loss") else out
 
 
@@ -204,24 +206,24 @@ def training(name: str, options: tuple[tuple[str, Any], ...] = ALL_ON_ORT, devic
 
     ``options``: ort-lazy options as (name, value) pairs (``()``: the defaults); ``device``:
     where the model and its inputs live."""
-    with _one_thread():
+    with one_thread():
         return _training(name, dict(options), device)
 
 
 def _training(name: str, options: dict[str, Any], device: str) -> TrainingRun:
     case = CASES[name]
     run = TrainingRun(name)
-    inputs, labels = _inputs(case, device)
+    inputs, labels = case_inputs(case, device)
     eager = case.train_model().train().to(device)
     ort_model = copy.deepcopy(eager)
     f64 = copy.deepcopy(eager).double()
 
-    loss = _loss(eager(**inputs, labels=labels))
+    loss = loss_of(eager(**inputs, labels=labels))
     loss.backward()
     run.loss_eager = loss.detach()
     run.grads_eager = _grads(eager)
     run.buffers_eager = _float_buffers(eager)
-    loss_f64 = _loss(f64(**_double(inputs), labels=labels))
+    loss_f64 = loss_of(f64(**_double(inputs), labels=labels))
     loss_f64.backward()
     run.loss_f64 = loss_f64.detach()
     run.grads_f64 = _grads(f64)
@@ -229,14 +231,14 @@ def _training(name: str, options: dict[str, Any], device: str) -> TrainingRun:
 
     def eager_step() -> None:
         eager.zero_grad()
-        _loss(eager(**inputs, labels=labels)).backward()
+        loss_of(eager(**inputs, labels=labels)).backward()
 
     run.eager_ms = _median_ms(eager_step, repeat=3)
 
     def body() -> None:
         compiled = torch.compile(ort_model, backend="ort", options=options or None)
         start = time.perf_counter()
-        loss = _loss(compiled(**inputs, labels=labels))
+        loss = loss_of(compiled(**inputs, labels=labels))
         loss.backward()
         run.first_call_s = time.perf_counter() - start
         run.loss_ort = loss.detach()
@@ -245,7 +247,7 @@ def _training(name: str, options: dict[str, Any], device: str) -> TrainingRun:
 
         def ort_step() -> None:
             ort_model.zero_grad()
-            _loss(compiled(**inputs, labels=labels)).backward()
+            loss_of(compiled(**inputs, labels=labels)).backward()
 
         run.ort_ms = _median_ms(ort_step, repeat=3)
 
