@@ -324,6 +324,30 @@ def test_dynamic_batch_compiles_once(name: str) -> None:
                     assert diff <= rtol * float(e.abs().max()) + floor, (kind, tuple(e.shape), diff)
 
 
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=[] if n in FAST else [pytest.mark.zoo_full]) for n in ("gpt2", "llama", "mistral")]
+)
+def test_generate_with_compiled_forward(name: str) -> None:
+    """Greedy ``generate`` with the decoder's forward compiled: eager's tokens, every step on ORT.
+    The prompt, the first decoding step and the growing cache (a symbolic length) take three
+    graphs, not one per generated token."""
+    case = CASES[name]
+    model = case.model().eval()
+    prompt = case_inputs(case)[0]["input_ids"]
+    settings = dict(max_new_tokens=12, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        expected = model.generate(prompt, **settings)
+        torch._dynamo.reset()
+        metrics.reset()
+        model.forward = torch.compile(model.forward, backend="ort")
+        actual = model.generate(prompt, **settings)
+    torch._dynamo.reset()
+    c = metrics.counters()
+    assert torch.equal(actual, expected), (actual, expected)
+    assert c["graphs_compiled"] <= 3 and c["ort_runs"] >= 12, c
+    assert c["fallback_ops"] == 0 and c["export_failures"] == 0 and c["ort_failures"] == 0, c
+
+
 def _on_cuda_provider(run: Run) -> None:
     assert run.counters["ort_runs"] > 0, run.report
     cuda_sessions()
