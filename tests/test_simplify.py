@@ -137,3 +137,45 @@ def test_attention_training_has_neither_in_its_backward() -> None:
     assert_ran_on_ort(4)
     assert graphs == 2
     assert found == []
+
+
+def _grow_cache(cache: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """A decoding step's cache: concatenated, then read back by its (symbolic) length."""
+    keys = torch.cat([cache, new], dim=1).tanh()
+    return keys.reshape(keys.shape[0] * keys.shape[1], keys.shape[2]) * 2
+
+
+def test_sizes_of_computed_tensors_read_from_inputs() -> None:
+    """``sym_size`` of a computed tensor (``s0 + 1``, ``s1 * (s0 + 1)``) becomes arithmetic on
+    the inputs' sizes; the graph computes the same at other sizes."""
+    gm = make_fx(_grow_cache, tracing_mode="symbolic")(torch.randn(2, 5, 4), torch.randn(2, 1, 4))
+    computed = [n for n in gm.graph.nodes if n.target is aten.sym_size.int and n.args[0].op != "placeholder"]
+    assert computed, gm.graph
+    assert simplify_aten(gm) == len(computed)
+    assert all(n.args[0].op == "placeholder" for n in gm.graph.nodes if n.target is aten.sym_size.int)
+    for shape in ((3, 7, 4), (1, 2, 4)):
+        cache, new = torch.randn(*shape), torch.randn(shape[0], 1, 4)
+        torch.testing.assert_close(gm(cache, new), _grow_cache(cache, new), rtol=0, atol=0)
+
+
+def _attend_to_cache(cache: torch.Tensor, new: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+    """One decoding step of attention: the cache grows by the new key, the query attends to it
+    (the 4-d ``matmul`` decomposes to ``bmm`` with views sized by the grown cache)."""
+    keys = torch.cat([cache, new], dim=2)
+    return torch.softmax(query @ keys.transpose(-1, -2), dim=-1) @ keys
+
+
+def test_growing_cache_is_one_region_for_every_length() -> None:
+    """End to end with dynamic shapes: the sizes read after the concatenation no longer split
+    the ORT region (they did: each attention of a GPT-2 decoding step ended a region)."""
+    from ort_lazy import metrics
+
+    torch._dynamo.reset()
+    metrics.reset()
+    compiled = torch.compile(_attend_to_cache, backend="ort", dynamic=True)
+    with torch.no_grad():
+        for length in (3, 6, 9):
+            args = (torch.randn(2, 2, length, 4), torch.randn(2, 2, 1, 4), torch.randn(2, 2, 1, 4))
+            torch.testing.assert_close(compiled(*args), _attend_to_cache(*args))
+    c = assert_ran_on_ort(3)
+    assert c["regions_compiled"] == 1 and c["sessions_created"] == 1, c

@@ -19,12 +19,13 @@ merged ``cat`` keeps ``-0.0`` (equal values, as every comparison but ``signbit``
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any
 
 import torch
 import torch.fx
 
-__all__ = ["simplify_aten", "drop_noop_expands", "merge_disjoint_cats"]
+__all__ = ["simplify_aten", "drop_noop_expands", "merge_disjoint_cats", "sizes_from_inputs"]
 
 aten = torch.ops.aten
 
@@ -159,6 +160,92 @@ def merge_disjoint_cats(gm: torch.fx.GraphModule) -> int:
     return merged
 
 
+def _input_symbols(gm: torch.fx.GraphModule) -> dict[Any, tuple[torch.fx.Node, int | None]]:
+    """symbol -> (placeholder, dim) where an input's size is that symbol (dim None: the input
+    is the symbolic integer itself)."""
+    sources: dict[Any, tuple[torch.fx.Node, int | None]] = {}
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        val = node.meta.get("val")
+        if isinstance(val, torch.SymInt) and val.node.expr.is_Symbol:
+            sources.setdefault(val.node.expr, (node, None))
+        elif isinstance(val, torch.Tensor):
+            for d, size in enumerate(val.shape):
+                if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
+                    sources.setdefault(size.node.expr, (node, d))
+    return sources
+
+
+def _build_size(gm: torch.fx.GraphModule, expr: Any, sources: dict[Any, Any], before: torch.fx.Node) -> Any:
+    """FX nodes computing the integer expression ``expr`` (sums, products, integer powers,
+    floor divisions and remainders of input symbols and integers) from the graph's inputs;
+    None when it has another form or another symbol."""
+    if expr.is_Integer:
+        return int(expr)
+    if expr.is_Symbol:
+        if expr not in sources:
+            return None
+        node, dim = sources[expr]
+        if dim is None:
+            return node
+        with gm.graph.inserting_before(before):
+            size = gm.graph.call_function(aten.sym_size.int, (node, dim))
+        size.meta["val"] = node.meta["val"].shape[dim]
+        return size
+    from torch.utils._sympy.functions import FloorDiv, Mod
+
+    if expr.is_Pow and expr.exp.is_Integer and int(expr.exp) >= 1:
+        combine, args = operator.mul, [expr.base] * int(expr.exp)
+    elif expr.is_Add or expr.is_Mul:
+        combine, args = (operator.add if expr.is_Add else operator.mul), list(expr.args)
+    elif isinstance(expr, (FloorDiv, Mod)):
+        combine, args = (operator.floordiv if isinstance(expr, FloorDiv) else operator.mod), list(expr.args)
+    else:
+        return None
+    terms = [_build_size(gm, arg, sources, before) for arg in args]
+    if any(t is None for t in terms):
+        return None
+    out = terms[0]
+    for term in terms[1:]:
+        value = combine(_size_value(out), _size_value(term))
+        with gm.graph.inserting_before(before):
+            out = gm.graph.call_function(combine, (out, term))
+        out.meta["val"] = value
+    return out
+
+
+def _size_value(term: Any) -> Any:
+    return term.meta["val"] if isinstance(term, torch.fx.Node) else term
+
+
+def sizes_from_inputs(gm: torch.fx.GraphModule) -> int:
+    """Compute ``sym_size`` of computed tensors from the inputs' sizes instead (see the module
+    docstring), so the size no longer needs the tensor in PyTorch. In place; returns how many."""
+    sources: dict[Any, Any] | None = None
+    moved = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not aten.sym_size.int:
+            continue
+        if not isinstance(node.args[0], torch.fx.Node) or node.args[0].op == "placeholder":
+            continue
+        val = node.meta.get("val")
+        if not isinstance(val, torch.SymInt):
+            continue
+        if sources is None:
+            sources = _input_symbols(gm)
+        size = _build_size(gm, val.node.expr, sources, node)
+        if size is None or not isinstance(size, torch.fx.Node):
+            continue  # an integer would be a static size: such a node is not symbolic
+        node.replace_all_uses_with(size)
+        gm.graph.erase_node(node)
+        moved += 1
+    if moved:
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+    return moved
+
+
 def simplify_aten(gm: torch.fx.GraphModule) -> int:
     """Run the clean-ups of this module on ``gm``, in place; returns how many rewrites applied."""
-    return drop_noop_expands(gm) + merge_disjoint_cats(gm)
+    return drop_noop_expands(gm) + merge_disjoint_cats(gm) + sizes_from_inputs(gm)
