@@ -177,41 +177,55 @@ def _input_symbols(gm: torch.fx.GraphModule) -> dict[Any, tuple[torch.fx.Node, i
     return sources
 
 
-def _build_size(gm: torch.fx.GraphModule, expr: Any, sources: dict[Any, Any], before: torch.fx.Node) -> Any:
-    """FX nodes computing the integer expression ``expr`` (sums, products, integer powers,
-    floor divisions and remainders of input symbols and integers) from the graph's inputs;
-    None when it has another form or another symbol."""
+def _combination(expr: Any) -> tuple[Any, list[Any]] | None:
+    """(operator, operands) of an integer expression node :func:`sizes_from_inputs` rebuilds:
+    a sum, product, integer power, floor division or remainder; None for any other."""
+    from torch.utils._sympy.functions import FloorDiv, Mod
+
+    if expr.is_Pow and expr.exp.is_Integer and int(expr.exp) >= 1:
+        return operator.mul, [expr.base] * int(expr.exp)
+    if expr.is_Add or expr.is_Mul:
+        return (operator.add if expr.is_Add else operator.mul), list(expr.args)
+    if isinstance(expr, (FloorDiv, Mod)):
+        return (operator.floordiv if isinstance(expr, FloorDiv) else operator.mod), list(expr.args)
+    return None
+
+
+def _rebuildable(expr: Any, sources: dict[Any, Any]) -> bool:
+    """Whether ``expr`` is integers and input symbols joined by :func:`_combination`'s operators."""
+    if expr.is_Integer:
+        return True
+    if expr.is_Symbol:
+        return expr in sources
+    combination = _combination(expr)
+    return combination is not None and all(_rebuildable(arg, sources) for arg in combination[1])
+
+
+def _build_size(gm: torch.fx.GraphModule, expr: Any, sources: dict[Any, Any], before: torch.fx.Node, built: dict[Any, Any]) -> Any:
+    """FX nodes computing the :func:`_rebuildable` expression ``expr`` from the graph's inputs,
+    inserted before ``before``; ``built`` holds the (sub)expressions made so far in this pass,
+    which later sizes reuse."""
     if expr.is_Integer:
         return int(expr)
+    if expr in built:
+        return built[expr]
     if expr.is_Symbol:
-        if expr not in sources:
-            return None
         node, dim = sources[expr]
         if dim is None:
             return node
         with gm.graph.inserting_before(before):
-            size = gm.graph.call_function(aten.sym_size.int, (node, dim))
-        size.meta["val"] = node.meta["val"].shape[dim]
-        return size
-    from torch.utils._sympy.functions import FloorDiv, Mod
-
-    if expr.is_Pow and expr.exp.is_Integer and int(expr.exp) >= 1:
-        combine, args = operator.mul, [expr.base] * int(expr.exp)
-    elif expr.is_Add or expr.is_Mul:
-        combine, args = (operator.add if expr.is_Add else operator.mul), list(expr.args)
-    elif isinstance(expr, (FloorDiv, Mod)):
-        combine, args = (operator.floordiv if isinstance(expr, FloorDiv) else operator.mod), list(expr.args)
+            out = gm.graph.call_function(aten.sym_size.int, (node, dim))
+        out.meta["val"] = node.meta["val"].shape[dim]
     else:
-        return None
-    terms = [_build_size(gm, arg, sources, before) for arg in args]
-    if any(t is None for t in terms):
-        return None
-    out = terms[0]
-    for term in terms[1:]:
-        value = combine(_size_value(out), _size_value(term))
-        with gm.graph.inserting_before(before):
-            out = gm.graph.call_function(combine, (out, term))
-        out.meta["val"] = value
+        combine, args = _combination(expr)  # type: ignore[misc]
+        terms = [_build_size(gm, arg, sources, before, built) for arg in args]
+        out = terms[0]
+        for term in terms[1:]:
+            value = combine(_size_value(out), _size_value(term))
+            with gm.graph.inserting_before(before):
+                out = gm.graph.call_function(combine, (out, term))
+            out.meta["val"] = value
+    built[expr] = out
     return out
 
 
@@ -223,6 +237,7 @@ def sizes_from_inputs(gm: torch.fx.GraphModule) -> int:
     """Compute ``sym_size`` of computed tensors from the inputs' sizes instead (see the module
     docstring), so the size no longer needs the tensor in PyTorch. In place; returns how many."""
     sources: dict[Any, Any] | None = None
+    built: dict[Any, Any] = {}
     moved = 0
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target is not aten.sym_size.int:
@@ -234,14 +249,13 @@ def sizes_from_inputs(gm: torch.fx.GraphModule) -> int:
             continue
         if sources is None:
             sources = _input_symbols(gm)
-        size = _build_size(gm, val.node.expr, sources, node)
-        if size is None or not isinstance(size, torch.fx.Node):
+        expr = val.node.expr
+        if expr.is_Integer or not _rebuildable(expr, sources):
             continue  # an integer would be a static size: such a node is not symbolic
-        node.replace_all_uses_with(size)
+        node.replace_all_uses_with(_build_size(gm, expr, sources, node, built))
         gm.graph.erase_node(node)
         moved += 1
     if moved:
-        gm.graph.eliminate_dead_code()
         gm.recompile()
     return moved
 
