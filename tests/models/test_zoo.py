@@ -266,8 +266,9 @@ def test_training_step_is_deterministic(name: str) -> None:
     assert torch.equal(losses[0], losses[1]), losses
 
 
-def _batch_times(tensors: dict[str, torch.Tensor], n: int) -> dict[str, torch.Tensor]:
-    return {k: v.repeat(n, *[1] * (v.dim() - 1)) for k, v in tensors.items()}
+def _batch_times(tensor: torch.Tensor, n: int) -> torch.Tensor:
+    """``tensor`` repeated ``n`` times along its first (batch) dim."""
+    return tensor.repeat(n, *[1] * (tensor.dim() - 1))
 
 
 #: largest gradient difference of the dynamic-batch test relative to the gradient's largest
@@ -283,7 +284,7 @@ def test_dynamic_batch_compiles_once(name: str) -> None:
     failures, inference outputs, the training loss and every gradient as eager's at each batch."""
     case = CASES[name]
     inputs, labels = case_inputs(case)
-    batches = [(_batch_times(inputs, n), labels.repeat(n, *[1] * (labels.dim() - 1))) for n in (1, 2, 3)]
+    batches = [({k: _batch_times(v, n) for k, v in inputs.items()}, _batch_times(labels, n)) for n in (1, 2, 3)]
 
     def steps(backend, model, train: bool) -> list:
         compiled = torch.compile(model, backend=backend, dynamic=True)
