@@ -238,6 +238,17 @@ def functionalize(fn: Any) -> Any:
     return run
 
 
+def fused_multiply_add() -> Any:
+    """The ``prims.fma`` op dynamo writes for ``addcmul_``/``addcdiv_`` with a ``value`` and
+    ``add_`` with a tensor ``alpha`` (defined by Inductor's prims); None where torch has none."""
+    try:
+        from torch._inductor import inductor_prims
+    except ImportError:
+        return None
+    op = getattr(inductor_prims, "fma", None)
+    return getattr(op, "default", op) if op is not None else None
+
+
 def python_dispatcher(fake_mode: Any) -> contextlib.AbstractContextManager[Any]:
     """The Python dispatcher while tracing with a fake mode that has a shape environment, as
     AOTAutograd traces: composite ops then decompose through their Python implementations,

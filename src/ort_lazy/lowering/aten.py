@@ -338,10 +338,24 @@ def _inference_graph(
     if len(modes) != 1:
         return None
     (fake_mode,) = modes.values()
+    # The graph's own tensors (dynamo's get_attr: an optimizer's parameters and state) are
+    # traced as inputs, as AOTAutograd lifts them: traced as constants, an in-place op on one
+    # with no fake operand would run for real while tracing (an optimizer's step count went up
+    # once more), and a write into one could not become a copy back into it.
+    state = _state_of(gm)
+    names = list(state)
+    if names:
+        target: Callable[..., Any] = _with_state(gm, names)
+        with _compat.real_tensor_mode():
+            fake_args = [fake_mode.from_tensor(t, static_shapes=True) for t in state.values()] + fake_args
+        if frozen is not None:
+            frozen = {**dict(enumerate(state.values())), **{i + len(names): t for i, t in frozen.items()}}
+    else:
+        target = gm
     table = decomposition_table(options.cache_dir, options.torch_ops)
     try:
         with fake_mode, _compat.python_dispatcher(fake_mode), torch.no_grad(), _attention_backends(device_type):
-            aten = make_fx(_compat.functionalize(gm), decomposition_table=table)(*fake_args)
+            aten = make_fx(_compat.functionalize(target), decomposition_table=table)(*fake_args)
             # Decompositions run below functionalization: one that writes in place (circular
             # padding's copies into a fresh tensor) leaves a mutation of an intermediate in
             # the graph. Functionalize the decomposed graph again so every such write becomes
@@ -360,10 +374,33 @@ def _inference_graph(
     with _compat.tracing_context(fake_mode):
         compiled = _aot_compiler(options, "inference", frozen, mode)(aten, fake_args)
 
-    def run(*args: Any) -> Any:
-        return compiled(list(args))
+    if not names:
 
-    return run
+        def run(*args: Any) -> Any:
+            return compiled(list(args))
+
+        return run
+
+    def run_with_state(*args: Any) -> Any:
+        return compiled([*_state_of(gm).values(), *args])
+
+    return run_with_state
+
+
+def _state_of(gm: torch.fx.GraphModule) -> dict[str, torch.Tensor]:
+    """The parameters and buffers of ``gm`` its graph reads (``get_attr``), by name."""
+    own = {**dict(gm.named_parameters(remove_duplicate=False)), **dict(gm.named_buffers(remove_duplicate=False))}
+    read = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
+    return {name: tensor for name, tensor in own.items() if name in read}
+
+
+def _with_state(gm: torch.fx.GraphModule, names: list[str]) -> Callable[..., Any]:
+    """``gm`` as a function of its tensors ``names`` followed by its inputs."""
+
+    def call(*args: Any) -> Any:
+        return torch.func.functional_call(gm, dict(zip(names, args[: len(names)])), tuple(args[len(names) :]))
+
+    return call
 
 
 def _attention_backends(device_type: str) -> contextlib.AbstractContextManager[Any]:

@@ -12,7 +12,9 @@ The table, for ops the exporter does not translate whole (or translates wrongly)
    torch's table, without ``out=``/in-place overloads (graphs here are functional) and
    without :data:`EXCLUDED` (each with its reason);
 2. decompositions of :data:`ort_lazy.support.DISTRUSTED` ops;
-3. ort-lazy's own rewrites into ops ORT runs fast (:data:`ort_lazy.lowering.rewrites.DECOMPOSITIONS`).
+3. ort-lazy's own rewrites into ops ORT runs fast (:data:`ort_lazy.lowering.rewrites.DECOMPOSITIONS`),
+   and the fused multiply-add dynamo writes for ``addcmul_``/``addcdiv_`` with a value (every
+   optimizer step) as a product and a sum.
 
 An op with no decomposition and no translation stays in PyTorch.
 """
@@ -24,9 +26,10 @@ from typing import Any
 
 import torch
 
+from .. import _compat
 from ..opnames import named_in
 from ..support import DISTRUSTED, registered_ops
-from .rewrites import DECOMPOSITIONS
+from .rewrites import DECOMPOSITIONS, fma
 from .special import SPECIAL_DECOMPOSITIONS
 
 __all__ = ["decomposition_table", "EXCLUDED"]
@@ -83,6 +86,9 @@ def decomposition_table(cache_dir: str | None = None, kept: frozenset[str] = fro
             table[op] = full[op]
     table.update(SPECIAL_DECOMPOSITIONS)
     table.update(DECOMPOSITIONS)
+    fused = _compat.fused_multiply_add()
+    if fused is not None:
+        table[fused] = fma
     for op in [op for op in table if named_in(op, kept)]:
         del table[op]
     return table

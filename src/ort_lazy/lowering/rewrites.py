@@ -832,6 +832,12 @@ def lerp_scalar(start: torch.Tensor, end: torch.Tensor, weight: float) -> Any:
     return start + diff * float(weight) if abs(weight) < 0.5 else end - diff * (1.0 - float(weight))
 
 
+def fma(a: Any, b: Any, c: Any) -> Any:
+    """``prims.fma`` (``a * b + c``, which an optimizer's step calls) as a product and a sum:
+    ONNX has no fused multiply-add, so the sum rounds once more (within an ulp of eager's)."""
+    return a * b + c
+
+
 def float_arange(start: Any, end: Any = None, step: Any = 1, *, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = None) -> Any:
     """Floating ``arange`` as ``start + i * step`` over integer ``i``, in float64, rounded once
     (eager's CPU kernel). ORT's Range accumulates in the output type: ``arange(0, 1000, 0.1)``
