@@ -92,3 +92,24 @@ def test_pass_count_check_sees_torchs_decomposition() -> None:
     """The check above can fail: torch's own decomposition writes more full-size tensors."""
     with torch_decomposition_of(aten._native_batch_norm_legit_functional.default):
         assert len(_forward_passes()) > 4
+
+
+@pytest.mark.parametrize("kind", ["1d", "2d", "3d"])
+def test_gradients_in_eval_mode_run_on_ort(kind) -> None:
+    """Gradients through eval-mode (frozen) batch norm, with the default options: the saved
+    statistics of ``_native_batch_norm_legit_no_training`` are empty in eager, and a region that
+    gave them per-channel values failed its shape check and ran in PyTorch."""
+    torch.manual_seed(0)
+    reference, x = _model(kind, True, 0.1)
+    reference.eval()
+    model = copy.deepcopy(reference)
+    metrics.reset()
+    compiled = compile_ort(model)  # defaults: batch norm's gradient in PyTorch reads the saved statistics
+    for fn in (reference, compiled):
+        fn(x).square().mean().backward()
+    for got, expected in zip(model.parameters(), reference.parameters(), strict=True):
+        assert_close(got.grad, expected.grad)
+    for got, expected in zip(model.buffers(), reference.buffers(), strict=True):
+        assert torch.equal(got, expected)
+    c = assert_ran_on_ort(2)
+    assert c["export_failures"] == c["fallback_regions"] == 0, c

@@ -237,6 +237,16 @@ def test_cnn_training_with_default_options(name: str) -> None:
     assert run.counters["ort_runs"] > 2 and forward.on_ort / (forward.total - writes - kept) > 0.95, run.report
 
 
+@pytest.mark.parametrize("name", _params("training_eval_mode"), scope="module")
+def test_training_in_eval_mode(name: str) -> None:
+    """Gradients of a model in eval mode (fine-tuning with frozen batch norm, a model left in
+    eval mode as ``from_pretrained`` returns it): eager's loss and gradients, buffers untouched,
+    every region on ORT (eval batch norm's empty saved statistics failed each CNN's regions)."""
+    run = training(name, (), train_mode=False)  # the default options (batch norm's gradient in PyTorch)
+    _assert_training_parity(run)
+    assert run.counters["fallback_regions"] == 0 and run.counters["ort_runs"] >= 2, run.report
+
+
 @pytest.mark.parametrize("name", _params("training_on_ort"), scope="module")
 def test_training_on_ort(name: str) -> None:
     run = training(name)

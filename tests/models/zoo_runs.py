@@ -201,20 +201,23 @@ ALL_ON_ORT: tuple[tuple[str, Any], ...] = (("torch_preferred_ops", ()),)
 
 
 @functools.cache
-def training(name: str, options: tuple[tuple[str, Any], ...] = ALL_ON_ORT, device: str = "cpu") -> TrainingRun:
-    """One training step (train mode, loss inside the compiled function): loss and every gradient.
+def training(
+    name: str, options: tuple[tuple[str, Any], ...] = ALL_ON_ORT, device: str = "cpu", train_mode: bool = True
+) -> TrainingRun:
+    """One training step (loss inside the compiled function): loss and every gradient.
 
     ``options``: ort-lazy options as (name, value) pairs (``()``: the defaults); ``device``:
-    where the model and its inputs live."""
+    where the model and its inputs live; ``train_mode`` False: the model in eval mode while its
+    gradients are taken (fine-tuning with frozen batch norm and no dropout)."""
     with one_thread():
-        return _training(name, dict(options), device)
+        return _training(name, dict(options), device, train_mode)
 
 
-def _training(name: str, options: dict[str, Any], device: str) -> TrainingRun:
+def _training(name: str, options: dict[str, Any], device: str, train_mode: bool = True) -> TrainingRun:
     case = CASES[name]
     run = TrainingRun(name)
     inputs, labels = case_inputs(case, device)
-    eager = case.train_model().train().to(device)
+    eager = case.train_model().train(train_mode).to(device)
     ort_model = copy.deepcopy(eager)
     f64 = copy.deepcopy(eager).double()
 

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.fx
 
-__all__ = ["simplify_aten", "drop_noop_expands", "merge_disjoint_cats", "sizes_from_inputs"]
+__all__ = ["simplify_aten", "drop_noop_expands", "merge_disjoint_cats", "sizes_from_inputs", "empty_batch_norm_statistics"]
 
 aten = torch.ops.aten
 
@@ -260,6 +260,36 @@ def sizes_from_inputs(gm: torch.fx.GraphModule) -> int:
     return moved
 
 
+def empty_batch_norm_statistics(gm: torch.fx.GraphModule) -> int:
+    """Make the empty statistics of eval-mode batch norm in PyTorch. In place.
+
+    ``_native_batch_norm_legit_no_training`` returns a saved mean and inverse deviation of
+    shape ``[0]`` on the CPU; in a training graph of a model in eval mode (a classifier fine-tuned
+    with frozen batch norm) AOTAutograd saves them for the backward, which does not read them.
+    ONNX's BatchNormalization has no such outputs and the translation makes per-channel ones, so
+    the region failed its shape check and ran in PyTorch. Each use now reads an empty tensor.
+    """
+    replaced = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not operator.getitem:
+            continue
+        source, index = node.args
+        if not isinstance(source, torch.fx.Node) or source.target is not aten._native_batch_norm_legit_no_training.default:
+            continue
+        val = _val(node)
+        if index not in (1, 2) or val is None or tuple(val.shape) != (0,):
+            continue
+        with gm.graph.inserting_after(node):
+            empty = gm.graph.call_function(aten.empty.memory_format, ([0],), {"dtype": val.dtype, "device": val.device})
+        empty.meta["val"] = val
+        node.replace_all_uses_with(empty)
+        gm.graph.erase_node(node)
+        replaced += 1
+    if replaced:
+        gm.recompile()
+    return replaced
+
+
 def simplify_aten(gm: torch.fx.GraphModule) -> int:
     """Run the clean-ups of this module on ``gm``, in place; returns how many rewrites applied."""
-    return drop_noop_expands(gm) + merge_disjoint_cats(gm) + sizes_from_inputs(gm)
+    return drop_noop_expands(gm) + merge_disjoint_cats(gm) + sizes_from_inputs(gm) + empty_batch_norm_statistics(gm)
