@@ -108,7 +108,9 @@ def test_safe_softmax_keeps_fully_masked_rows_zero_and_nan_rows_nan() -> None:
     assert_ran_on_ort()
     expected = torch.ops.aten._safe_softmax.default(x, -1)
     assert torch.equal(got.isnan(), expected.isnan())
-    assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(expected))
+    # the other rows within rounding (ORT's softmax differs from eager's by an ulp for about
+    # one input in 16: compared exactly, this test failed at random)
+    assert_close(torch.nan_to_num(got), torch.nan_to_num(expected), rtol=1e-6, atol=1e-7)
     assert torch.equal(got[0], torch.zeros(4))
 
 
