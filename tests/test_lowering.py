@@ -500,3 +500,72 @@ def test_float64_training_with_scaled_attention_matches_to_double_precision() ->
     x = torch.randn(2, 5, 16, dtype=torch.float64)
     train_parity(lambda: _Attention().double(), [x], steps=1, rtol=1e-10, atol=1e-12)
     assert_ran_on_ort()
+
+
+def _copy_then_reduce(x: torch.Tensor, src: torch.Tensor | float) -> tuple[torch.Tensor, torch.Tensor]:
+    y = x.clone()
+    y.copy_(src)
+    # reductions only: a wrongly shaped copy inside the region reaches no output's shape
+    return y.sum() * 1.0, (y.float() * 2).amax()
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["no-grad", "grad"])
+@pytest.mark.parametrize(
+    "shape,src",
+    [
+        ((3, 4, 5), (5,)),
+        ((3, 4, 5), (4, 1)),
+        ((3, 4), ()),
+        ((3, 4), "python"),
+        ((2, 3), "int64"),  # a float source written into integers truncates
+        ((3, 4), (3, 4)),
+    ],
+    ids=str,
+)
+def test_copy_broadcasts_its_source(shape, src, grad) -> None:
+    """``copy_`` from a smaller source (functionalized into ``aten.copy``) fills the whole
+    tensor: the exporter's ``copy`` was a cast of the source alone, so ``y.copy_(row); y.sum()``
+    summed one row, silently."""
+    torch.manual_seed(0)
+    x = torch.randn(shape) * 3
+    if src == "python":
+        value: torch.Tensor | float = 2.5
+    elif src == "int64":
+        x, value = torch.zeros(shape, dtype=torch.int64), torch.randn(shape[-1]) * 5
+    else:
+        value = torch.randn(src)
+    metrics.reset()
+    with torch.set_grad_enabled(grad):
+        arg = value.clone().requires_grad_(grad and value.is_floating_point()) if isinstance(value, torch.Tensor) else value
+        got = compile_ort(_copy_then_reduce)(x, arg)
+    expected = _copy_then_reduce(x, value)
+    assert_close([g.detach() for g in got], list(expected))
+    c = assert_ran_on_ort()
+    assert c["export_failures"] == c["fallback_regions"] == 0, c
+
+
+def test_inferred_shape_check_covers_values_inside_the_region() -> None:
+    """The export's shape check compares every value named after a graph node, not only the
+    outputs: a translation that gives a value the wrong shape falls back even when only a
+    reduction of it leaves the region. Types are checked for the outputs."""
+    from onnx import TensorProto, helper
+
+    from ort_lazy.export.fx import ExportError, _check_inferred_types
+    from ort_lazy.specs import TensorSpec
+
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["copy"]), helper.make_node("ReduceSum", ["copy"], ["out"], keepdims=0)],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [])],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    cpu = torch.device("cpu")
+    out = [TensorSpec(torch.float32, (), cpu)]
+    _check_inferred_types(proto, out, "g", {"copy": TensorSpec(torch.float32, (4,), cpu)})
+    with pytest.raises(ExportError, match="value copy has inferred shape"):
+        _check_inferred_types(proto, out, "g", {"copy": TensorSpec(torch.float32, (3, 4), cpu)})
+    # types inside a region may differ on purpose (float16 computed in float32 between casts)
+    _check_inferred_types(proto, out, "g", {"copy": TensorSpec(torch.float16, (4,), cpu)})
+    with pytest.raises(ExportError, match="output out is ONNX type"):
+        _check_inferred_types(proto, [TensorSpec(torch.float16, (), cpu)], "g", {})

@@ -381,7 +381,12 @@ def export_graph(
     out_nodes = list(out_args) if isinstance(out_args, (tuple, list)) else [out_args]
     in_specs = [spec_of(p.meta.get("val")) for p in placeholders]
     out_specs = [spec_of(n.meta.get("val") if isinstance(n, torch.fx.Node) else n) for n in out_nodes]
-    _check_inferred_types(proto, out_specs, name)
+    values = {
+        n.name: spec_of(n.meta["val"])
+        for n in gm.graph.nodes
+        if n.op == "call_function" and isinstance(n.meta.get("val"), torch.Tensor)
+    }
+    _check_inferred_types(proto, out_specs, name, values)
     result = OrtModel(
         model_bytes=proto.SerializeToString(),
         input_names=[i.name for i in proto.graph.input],
@@ -466,13 +471,20 @@ def _bake_constants(model: Any, constants: dict[int, torch.Tensor], shared: bool
     return external
 
 
-def _check_inferred_types(proto: Any, out_specs: list[TensorSpec], name: str) -> None:
-    """Fail when ONNX's own inference contradicts the output shapes/dtypes the graph declares.
+def _check_inferred_types(
+    proto: Any, out_specs: list[TensorSpec], name: str, values: dict[str, TensorSpec] | None = None
+) -> None:
+    """Fail when ONNX's own inference contradicts the shapes/dtypes the graph declares.
 
     The translator annotates values with torch's shapes, which would hide a translation that
     computes something else (a wrongly shaped auxiliary output, another dtype). So the
-    annotations are dropped, ONNX infers the outputs afresh, and every known dim and dtype must
-    agree with the FX metadata; otherwise the region falls back instead of being wrong.
+    annotations are dropped, ONNX infers the values afresh, and every known dim and dtype must
+    agree with the FX metadata; otherwise the region falls back instead of being wrong. Checked
+    for the outputs, and the shapes of the values ``values`` names (the FX nodes of the graph,
+    whose results the translator names after them): a wrongly shaped value inside the region is
+    as wrong as an output, and a reduction after it can hide its shape (``copy`` translated
+    without its broadcast summed the source alone). Their types may differ on purpose (float16
+    ops computed in float32 between casts, ``precision="fp16"``).
     """
     import onnx
 
@@ -481,19 +493,25 @@ def _check_inferred_types(proto: Any, out_specs: list[TensorSpec], name: str) ->
     except onnx.shape_inference.InferenceError as e:
         raise ExportError(f"{name}: ONNX inference rejects the model: {str(e).splitlines()[0]}") from e
     for out, spec in zip(inferred.graph.output, out_specs):
-        ttype = out.type.tensor_type
-        if ttype.elem_type and spec.dtype in TORCH_TO_ONNX and ttype.elem_type != TORCH_TO_ONNX[spec.dtype]:
-            raise ExportError(f"{name}: output {out.name} is ONNX type {ttype.elem_type}, the graph says {spec.dtype}")
-        if not ttype.HasField("shape"):
-            continue
-        dims = [d.dim_value if d.HasField("dim_value") else None for d in ttype.shape.dim]
-        if len(dims) != len(spec.shape) or any(
-            d is not None and isinstance(e, int) and d != e for d, e in zip(dims, spec.shape)
-        ):
-            raise ExportError(
-                f"{name}: output {out.name} has inferred shape {[d if d is not None else '?' for d in dims]}, "
-                f"the graph says {list(spec.shape)} (wrong translation)"
-            )
+        _check_value(out, spec, name, "output")
+    for info in inferred.graph.value_info:
+        spec = (values or {}).get(info.name)
+        if spec is not None:
+            _check_value(info, spec, name, "value", types=False)
+
+
+def _check_value(info: Any, spec: TensorSpec, name: str, kind: str, types: bool = True) -> None:
+    ttype = info.type.tensor_type
+    if types and ttype.elem_type and spec.dtype in TORCH_TO_ONNX and ttype.elem_type != TORCH_TO_ONNX[spec.dtype]:
+        raise ExportError(f"{name}: {kind} {info.name} is ONNX type {ttype.elem_type}, the graph says {spec.dtype}")
+    if not ttype.HasField("shape"):
+        return
+    dims = [d.dim_value if d.HasField("dim_value") else None for d in ttype.shape.dim]
+    if len(dims) != len(spec.shape) or any(d is not None and isinstance(e, int) and d != e for d, e in zip(dims, spec.shape)):
+        raise ExportError(
+            f"{name}: {kind} {info.name} has inferred shape {[d if d is not None else '?' for d in dims]}, "
+            f"the graph says {list(spec.shape)} (wrong translation)"
+        )
 
 
 def reinfer_types(proto: Any, inline: bool = False) -> Any:

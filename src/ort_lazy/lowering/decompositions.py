@@ -73,6 +73,8 @@ def decomposition_table(cache_dir: str | None = None, kept: frozenset[str] = fro
     importing the exporter when the compile cache holds the list of translated ops, so a warm
     process never loads it.
     """
+    # first: importing the op registers more ops, whose decompositions the table then lists
+    fused = _compat.fused_multiply_add()
     translated = set(registered_ops(cache_dir)) - set(DISTRUSTED)
     table: dict[Any, Any] = {}
     for source in (torch.export.default_decompositions(), torch._decomp.decomposition_table):
@@ -86,7 +88,6 @@ def decomposition_table(cache_dir: str | None = None, kept: frozenset[str] = fro
             table[op] = full[op]
     table.update(SPECIAL_DECOMPOSITIONS)
     table.update(DECOMPOSITIONS)
-    fused = _compat.fused_multiply_add()
     if fused is not None:
         table[fused] = fma
     for op in [op for op in table if named_in(op, kept)]:

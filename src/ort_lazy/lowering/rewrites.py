@@ -832,6 +832,24 @@ def lerp_scalar(start: torch.Tensor, end: torch.Tensor, weight: float) -> Any:
     return start + diff * float(weight) if abs(weight) < 0.5 else end - diff * (1.0 - float(weight))
 
 
+def broadcast_copy(self: torch.Tensor, src: Any, non_blocking: bool = False) -> Any:
+    """``aten.copy`` (what a functionalized ``copy_`` becomes) whose source broadcasts or moves:
+    the source cast, expanded to ``self``'s shape and on its device. The exporter translates
+    ``copy`` as a cast of the source alone, so ``y.copy_(row)`` then ``y.sum()`` summed one row."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    if (
+        isinstance(src, torch.Tensor)
+        and src.device == self.device
+        and src.dim() == self.dim()
+        and all(statically_known_true(a == b) for a, b in zip(src.shape, self.shape))
+    ):
+        return NotImplemented
+    if not isinstance(src, torch.Tensor):
+        return torch.full_like(self, src)
+    return src.to(device=self.device, dtype=self.dtype).expand(self.shape).clone()
+
+
 def fma(a: Any, b: Any, c: Any) -> Any:
     """``prims.fma`` (``a * b + c``, which an optimizer's step calls) as a product and a sum:
     ONNX has no fused multiply-add, so the sum rounds once more (within an ulp of eager's)."""
@@ -1302,6 +1320,7 @@ DECOMPOSITIONS = {
     _aten.hardswish.default: hardswish,
     _aten.celu.default: celu,
     _aten.lerp.Scalar: lerp_scalar,
+    _aten.copy.default: broadcast_copy,
     _aten.addcmul.default: _pointwise_with_value(divide=False),
     _aten.addcdiv.default: _pointwise_with_value(divide=True),
     _aten.fmod.Scalar: fmod_scalar,
