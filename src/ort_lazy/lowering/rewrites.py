@@ -823,18 +823,25 @@ def gelu_tanh(x: torch.Tensor, approximate: str = "none") -> Any:
     return x * 0.5 * (torch.tanh(inner) + 1.0)
 
 
-@_float64_only
 def lerp_scalar(start: torch.Tensor, end: torch.Tensor, weight: float) -> Any:
-    """``lerp`` with a Python weight, in eager's two-sided form."""
-    if not isinstance(end, torch.Tensor) or end.dtype != torch.float64 or not isinstance(weight, (int, float)):
+    """``lerp`` with a Python weight, in eager's two-sided form with the side picked while
+    tracing: the exporter's translation computes both sides for every element and selects with
+    ``Where`` (a quarter of an Adam step's ORT time), and holds the weight as a float32 constant
+    in float64. float32 and float64, which eager computes in their own precision; float16 and
+    bfloat16 keep the translation."""
+    if (
+        not isinstance(end, torch.Tensor)
+        or end.dtype not in (torch.float32, torch.float64)
+        or not isinstance(weight, (int, float))
+    ):
         return NotImplemented
     diff = end - start
     return start + diff * float(weight) if abs(weight) < 0.5 else end - diff * (1.0 - float(weight))
 
 
 def broadcast_copy(self: torch.Tensor, src: Any, non_blocking: bool = False) -> Any:
-    """``aten.copy`` (what a functionalized ``copy_`` becomes) whose source broadcasts or moves:
-    the source cast, expanded to ``self``'s shape and on its device. The exporter translates
+    """``aten.copy`` (what a functionalized ``copy_`` becomes): the source cast, expanded to
+    ``self``'s shape and on its device. The exporter translates
     ``copy`` as a cast of the source alone, so ``y.copy_(row)`` then ``y.sum()`` summed one row."""
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
@@ -844,7 +851,8 @@ def broadcast_copy(self: torch.Tensor, src: Any, non_blocking: bool = False) -> 
         and src.dim() == self.dim()
         and all(statically_known_true(a == b) for a, b in zip(src.shape, self.shape))
     ):
-        return NotImplemented
+        # same shape: a cast, or a copy ORT drops (its Cast to the same type copies)
+        return src.clone() if src.dtype == self.dtype else NotImplemented
     if not isinstance(src, torch.Tensor):
         return torch.full_like(self, src)
     return src.to(device=self.device, dtype=self.dtype).expand(self.shape).clone()
