@@ -381,8 +381,12 @@ def _inference_graph(
 
         return run
 
+    read_state = operator.attrgetter(*names)
+    single = len(names) == 1
+
     def run_with_state(*args: Any) -> Any:
-        return compiled([*_state_of(gm).values(), *args])
+        state = read_state(gm)
+        return compiled([state, *args] if single else [*state, *args])
 
     return run_with_state
 

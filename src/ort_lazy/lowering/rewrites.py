@@ -841,8 +841,8 @@ def lerp_scalar(start: torch.Tensor, end: torch.Tensor, weight: float) -> Any:
 
 def broadcast_copy(self: torch.Tensor, src: Any, non_blocking: bool = False) -> Any:
     """``aten.copy`` (what a functionalized ``copy_`` becomes): the source cast, expanded to
-    ``self``'s shape and on its device. The exporter translates
-    ``copy`` as a cast of the source alone, so ``y.copy_(row)`` then ``y.sum()`` summed one row."""
+    ``self``'s shape and on its device. The exporter translates ``copy`` as a cast of the source
+    alone, so ``y.copy_(row)`` then ``y.sum()`` summed one row."""
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
     if (

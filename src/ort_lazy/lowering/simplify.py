@@ -9,8 +9,12 @@
   then adds the three: ``cat([0, 0, g2]) + cat([0, g1, 0]) + cat([g0, 0, 0])``. When no two
   non-zero pieces overlap, that is one ``cat([g0, g1, g2])``: 3 concatenations, 4 zero fills
   and 2 additions of the whole tensor become one concatenation.
+- **Sizes of computed tensors** rebuilt as integer arithmetic on the graph inputs' sizes
+  (:func:`sizes_from_inputs`), so a region does not end where PyTorch reads a size.
+- **The empty statistics of eval-mode batch norm** (saved for a backward that does not read
+  them) are made in PyTorch, where the translation would give them per-channel values.
 
-:func:`simplify_aten` runs both, in place, on any aten graph before it is partitioned (the
+:func:`simplify_aten` runs them all, in place, on any aten graph before it is partitioned (the
 values they leave without users are left to dead-code elimination). One difference from eager
 is kept on purpose: eager's ``g + 0.0`` turns a ``-0.0`` gradient element into ``+0.0``; the
 merged ``cat`` keeps ``-0.0`` (equal values, as every comparison but ``signbit`` sees them).
