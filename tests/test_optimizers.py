@@ -1,6 +1,6 @@
 """Compiled optimizer steps: ``torch.compile(optimizer.step, backend="ort")`` updates the
 parameters and the optimizer's state exactly as the eager step does, for every optimizer of
-``torch.optim``, and ORT ran it.
+``torch.optim``: on ORT (``torch_preferred_ops=()``), and in PyTorch by default.
 
 Dynamo holds an optimizer's parameters and state as attributes of the graph (``get_attr``), not
 as inputs, and writes ``addcmul_``/``addcdiv_`` with a ``value`` as a fused multiply-add: the
@@ -38,6 +38,10 @@ OPTIMIZERS: dict[str, Any] = {
 #: the optimizers also checked in their multi-tensor (``foreach``) form
 FOREACH = ("sgd-momentum", "adam", "adamw", "rmsprop")
 
+#: a step's graph only updates state in place: by default it stays in PyTorch (faster there),
+#: with these options it runs on ORT
+ON_ORT = {"torch_preferred_ops": ()}
+
 
 def _model() -> torch.nn.Module:
     torch.manual_seed(0)
@@ -60,7 +64,7 @@ def test_compiled_step_matches_eager(name, foreach):
     opt_ref, opt_mine = make(ref.parameters(), foreach=foreach), make(mine.parameters(), foreach=foreach)
     torch._dynamo.reset()
     metrics.reset()
-    step = torch.compile(opt_mine.step, backend="ort")
+    step = torch.compile(opt_mine.step, backend="ort", options=ON_ORT)
     torch.manual_seed(1)
     for _ in range(3):
         x = torch.randn(5, 8)
@@ -76,6 +80,33 @@ def test_compiled_step_matches_eager(name, foreach):
             assert_close(a, b, rtol=1e-5, atol=1e-6)
     c = assert_ran_on_ort()
     assert c["export_failures"] == c["ort_failures"] == c["compile_failures"] == 0, c
+
+
+@pytest.mark.parametrize("foreach", [False, True], ids=["for-loop", "foreach"])
+def test_step_stays_in_pytorch_by_default(foreach):
+    """With the default options a step runs as dynamo captured it (PyTorch's in-place kernels),
+    counted as preferred in PyTorch: eager's values, no ORT run."""
+    from ort_lazy.reasons import Reason
+
+    ref = _model()
+    mine = copy.deepcopy(ref)
+    opt_ref, opt_mine = (torch.optim.Adam(m.parameters(), lr=0.01, foreach=foreach) for m in (ref, mine))
+    torch._dynamo.reset()
+    metrics.reset()
+    step = torch.compile(opt_mine.step, backend="ort")
+    x = torch.randn(5, 8)
+    for _ in range(2):
+        for model, opt, run in ((ref, opt_ref, opt_ref.step), (mine, opt_mine, step)):
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            run()
+    for a, b in zip(mine.parameters(), ref.parameters()):
+        # within rounding: dynamo writes addcdiv_ as a division and a fused multiply-add
+        assert_close(a.detach(), b.detach(), rtol=1e-5, atol=1e-6)
+    c = metrics.counters()
+    assert c["ort_runs"] == 0 and c["fallback_ops"] > 0, c
+    reasons = {r for per_op in metrics.fallbacks().values() for r in per_op}
+    assert reasons == {Reason.PREFERRED}, metrics.fallbacks()
 
 
 def test_fused_multiply_add_runs_on_ort():

@@ -26,9 +26,10 @@ import torch
 import torch.fx
 
 from .. import _compat, metrics
-from ..debug.records import record_failure
+from ..debug.records import new_record, record_failure
 from ..options import Options
 from ..partition import compile_graph
+from ..reasons import Reason
 from ..runtime.flavour import OrtUnavailableError
 from ..runtime.region import OrtRegion
 from .decompositions import decomposition_table
@@ -287,6 +288,13 @@ def compile_captured(gm: torch.nn.Module, example_inputs: Sequence[Any], options
 
 
 def _compile(gm: torch.nn.Module, example_inputs: Sequence[Any], options: Options) -> Callable[..., Any]:
+    # A graph that only updates state in place (``torch.compile(optimizer.step)``) runs as
+    # dynamo captured it, with PyTorch's in-place (multi-tensor) kernels, like the ops of
+    # torch_preferred_ops: ORT computes each new value into fresh memory with one pass per
+    # elementwise op, and the values are copied back. Adam over 1.05M parameters on 2 cores:
+    # 4.5-5.9 ms per step on ORT, 1.0-1.2 ms in PyTorch. torch_preferred_ops=() runs it on ORT.
+    if isinstance(gm, torch.fx.GraphModule) and not torch.is_grad_enabled() and options.torch_preferred_ops and _updates_only(gm):
+        return _kept_update(gm)
     work: torch.nn.Module = gm
     if isinstance(gm, torch.fx.GraphModule):
         work = copy_graph_module(gm)
@@ -315,6 +323,36 @@ def _compile(gm: torch.nn.Module, example_inputs: Sequence[Any], options: Option
 
     with sdpa_kernel([SDPBackend.MATH]):
         return aot(work, example_inputs)
+
+
+def _updates_only(gm: torch.fx.GraphModule) -> bool:
+    """Whether ``gm`` returns nothing and reads tensors of its own (dynamo's ``get_attr``): a
+    graph that only writes into state dynamo holds, such as an optimizer's step."""
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    result = output.args[0]
+    return isinstance(result, (tuple, list)) and not result and bool(_state_of(gm))
+
+
+def _kept_update(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``gm`` as dynamo captured it, counted as kept in PyTorch (see :func:`_compile`) in the
+    metrics and in what ``explain`` records."""
+    ops = [
+        f"Tensor.{node.target}" if node.op == "call_method" else getattr(node.target, "__name__", str(node.target))
+        for node in gm.graph.nodes
+        if node.op in ("call_method", "call_function")
+    ]
+    record = new_record("inference")
+    record.ops = [(op, Reason.PREFERRED) for op in ops]
+    record.steps = [{"pytorch": list(record.ops)}]
+    for op in ops:
+        metrics.record_fallback(op, Reason.PREFERRED)
+    metrics.warn_once(
+        "update-graph",
+        "ort-lazy: a graph that only updates state in place (an optimizer's step) runs in PyTorch, whose "
+        "in-place kernels are faster than ORT's functional form of it; torch_preferred_ops=() runs it on ORT",
+        level=logging.INFO,
+    )
+    return gm
 
 
 def _inference_graph(
