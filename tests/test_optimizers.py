@@ -48,6 +48,14 @@ def _model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
 
 
+def _step_both(runs: tuple[tuple[torch.nn.Module, torch.optim.Optimizer, Any], ...], x: torch.Tensor) -> None:
+    """One training step of each (model, optimizer, step function) on ``x``."""
+    for model, opt, run in runs:
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        run()
+
+
 def _state(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [v for s in optimizer.state.values() for _, v in sorted(s.items()) if isinstance(v, torch.Tensor)]
 
@@ -67,11 +75,7 @@ def test_compiled_step_matches_eager(name, foreach):
     step = torch.compile(opt_mine.step, backend="ort", options=ON_ORT)
     torch.manual_seed(1)
     for _ in range(3):
-        x = torch.randn(5, 8)
-        for model, opt, run in ((ref, opt_ref, opt_ref.step), (mine, opt_mine, step)):
-            opt.zero_grad()
-            model(x).pow(2).mean().backward()
-            run()
+        _step_both(((ref, opt_ref, opt_ref.step), (mine, opt_mine, step)), torch.randn(5, 8))
         for a, b in zip(mine.parameters(), ref.parameters()):
             assert_close(a.detach(), b.detach(), rtol=1e-5, atol=1e-6)
         mine_state, ref_state = _state(opt_mine), _state(opt_ref)
@@ -94,12 +98,8 @@ def test_step_stays_in_pytorch_by_default(foreach):
     torch._dynamo.reset()
     metrics.reset()
     step = torch.compile(opt_mine.step, backend="ort")
-    x = torch.randn(5, 8)
     for _ in range(2):
-        for model, opt, run in ((ref, opt_ref, opt_ref.step), (mine, opt_mine, step)):
-            opt.zero_grad()
-            model(x).pow(2).mean().backward()
-            run()
+        _step_both(((ref, opt_ref, opt_ref.step), (mine, opt_mine, step)), torch.randn(5, 8))
     for a, b in zip(mine.parameters(), ref.parameters()):
         # within rounding: dynamo writes addcdiv_ as a division and a fused multiply-add
         assert_close(a.detach(), b.detach(), rtol=1e-5, atol=1e-6)
