@@ -27,6 +27,7 @@ import torch.fx
 
 from .. import _compat, metrics
 from ..debug.records import new_record, record_failure
+from ..opnames import op_name
 from ..options import Options
 from ..partition import compile_graph
 from ..reasons import Reason
@@ -338,7 +339,7 @@ def _kept_update(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """``gm`` as dynamo captured it, counted as kept in PyTorch (see :func:`_compile`) in the
     metrics and in what ``explain`` records."""
     ops = [
-        f"Tensor.{node.target}" if node.op == "call_method" else getattr(node.target, "__name__", str(node.target))
+        f"Tensor.{node.target}" if node.op == "call_method" else op_name(node.target)
         for node in gm.graph.nodes
         if node.op in ("call_method", "call_function")
     ]

@@ -853,7 +853,7 @@ def broadcast_copy(self: torch.Tensor, src: Any, non_blocking: bool = False) -> 
     ):
         # same shape: a cast, or a copy ORT drops (its Cast to the same type copies)
         return src.clone() if src.dtype == self.dtype else NotImplemented
-    if not isinstance(src, torch.Tensor):
+    if not isinstance(src, torch.Tensor):  # ``y.copy_(2.5)`` reaches here with the number
         return torch.full_like(self, src)
     return src.to(device=self.device, dtype=self.dtype).expand(self.shape).clone()
 
