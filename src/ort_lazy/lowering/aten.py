@@ -293,7 +293,7 @@ def _compile(gm: torch.nn.Module, example_inputs: Sequence[Any], options: Option
     # dynamo captured it, with PyTorch's in-place (multi-tensor) kernels, like the ops of
     # torch_preferred_ops: ORT computes each new value into fresh memory with one pass per
     # elementwise op, and the values are copied back. Adam over 1.05M parameters on 2 cores:
-    # 6.2-6.8 ms per step on ORT, 1.6-2.8 ms as captured (dynamo's pass-through backend's time).
+    # 5.6-6.8 ms per step on ORT, 1.6-3.0 ms as captured (dynamo's pass-through backend's time).
     # torch_preferred_ops=() runs it on ORT.
     if isinstance(gm, torch.fx.GraphModule) and not torch.is_grad_enabled() and options.torch_preferred_ops and _updates_only(gm):
         return _kept_update(gm)
