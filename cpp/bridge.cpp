@@ -338,8 +338,28 @@ void lower_for_export(const std::shared_ptr<Graph>& graph) {
   }
 }
 
+// A node whose result depends on its input's memory layout (as_strided reads storage
+// positions), anywhere in the block or its sub-blocks.
+const Node* addresses_memory(const torch::jit::Block* block) {
+  for (const Node* n : block->nodes()) {
+    const std::string kind = n->kind().toQualString();
+    if (kind == "aten::as_strided" || kind == "aten::as_strided_scatter") return n;
+    for (const torch::jit::Block* sub : n->blocks()) {
+      if (const Node* found = addresses_memory(sub)) return found;
+    }
+  }
+  return nullptr;
+}
+
 void fuse_pass(std::shared_ptr<Graph>& graph) {
   if (!g_enabled.load() || tl_pass_disabled > 0 || g_cb.support == nullptr) {
+    return;
+  }
+  // A TorchScript graph does not say how eager lays each value out in memory, and an ORT
+  // group's outputs are row-major where eager's may be transposed views: an as_strided
+  // reading one would read other elements.  Such a graph runs in TorchScript, whole.
+  if (const Node* n = addresses_memory(graph->block())) {
+    reject(n, n->maybeSchema(), "memory");
     return;
   }
   // The profiling executor leaves prim::profile nodes in front of every use; they

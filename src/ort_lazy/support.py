@@ -21,6 +21,7 @@ import torch
 import torch.fx
 
 from . import _compat
+from .export.strided import layout_problem
 from .opnames import lookup, named_in, op_name
 from .options import Options
 from .reasons import Reason
@@ -116,6 +117,10 @@ def _distrusted_when() -> dict[Any, Callable[[dict[str, Any]], str | None]]:
         aten.scatter_reduce.two: _when("reduce", lambda v: v == "mean", "reduce='mean' translation is wrong"),
         # ORT's GridSample interpolates differently in float16 / bfloat16 (2e-2 / 0.16 off eager)
         aten.grid_sampler_2d.default: _when("input", _low_precision, "float16/bfloat16 interpolation differs from eager"),
+        # addressing memory: right only where the input's row-major order is its storage order
+        aten.as_strided.default: layout_problem,
+        aten.as_strided_scatter.default: functools.partial(layout_problem, scatter=True),
+        torch.ops.prims.as_strided_scatter.default: functools.partial(layout_problem, scatter=True),
     }
 
 
@@ -376,6 +381,15 @@ def op_reason(
     return unsupported_reason(node, options, providers)
 
 
+#: TorchScript ops whose result depends on their input's memory layout, which a TorchScript
+#: graph does not carry: they stay in PyTorch (:mod:`ort_lazy.export.strided`); the bridge's
+#: fusion pass leaves a graph holding one unfused, whole
+MEMORY_ADDRESSING = {
+    op: "addresses its input's memory, whose layout the TorchScript graph does not give"
+    for op in ("aten::as_strided", "aten::as_strided_scatter")
+}
+
+
 def torchscript_reason(op: str, overload: str, inputs: Sequence[Any], options: Options, graph: Any) -> str | None:
     """Whether ORT can run a TorchScript node of a bridge group (None) or why not.
 
@@ -390,6 +404,8 @@ def torchscript_reason(op: str, overload: str, inputs: Sequence[Any], options: O
         excluded = excluded_reason(target, options)
         if excluded is not None:
             return excluded
+    if op in MEMORY_ADDRESSING:
+        return f"{Reason.DISTRUSTED} ({MEMORY_ADDRESSING[op]})"
     tensors = [d for d in inputs if d[0] == "tensor"]
     device = next((torch.device(d[3]) for d in tensors if d[3] is not None), None)
     if device is not None and device.type not in _DEVICES:

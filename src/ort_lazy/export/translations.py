@@ -4,7 +4,8 @@ Each module holds the translations of one kind, as ``TRANSLATIONS`` (aten overlo
 onnxscript-style function run by the exporter's translator): orthogonal polynomials as ONNX
 ``Loop`` (:mod:`.polynomials`), the ReLU gradient without ORT's slow ``Where`` and softmax whose
 guard for rows of only ``-inf`` runs when such a row is there (:mod:`.selects`), max pooling
-with PyTorch's indices from one ``MaxPool`` and eager's NaN rule (:mod:`.pooling`).
+with PyTorch's indices from one ``MaxPool`` and eager's NaN rule (:mod:`.pooling`),
+``as_strided_scatter`` as a ``ScatterND`` at the addressed positions (:mod:`.strided`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 
 from .. import _compat
-from . import polynomials, pooling, selects
+from . import polynomials, pooling, selects, strided
 
 __all__ = ["OWN_TRANSLATIONS", "register_own_translations"]
 
@@ -24,6 +25,7 @@ OWN_TRANSLATIONS: dict[torch._ops.OpOverload, Callable[..., Any]] = {
     **polynomials.TRANSLATIONS,
     **selects.TRANSLATIONS,
     **pooling.TRANSLATIONS,
+    **strided.TRANSLATIONS,
 }
 
 

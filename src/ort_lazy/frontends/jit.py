@@ -86,6 +86,9 @@ _REJECTED = {
     "untyped": f"{Reason.UNFUSABLE}: an input without a profiled dtype and rank",
     "schema": f"{Reason.UNFUSABLE}: no operator schema",
     "mutable": Reason.MUTATION,
+    # the whole graph stays in TorchScript (:data:`ort_lazy.support.MEMORY_ADDRESSING`)
+    "memory": f"{Reason.DISTRUSTED} (addresses its input's memory, whose layout a TorchScript graph does not give; "
+    "the graph runs in TorchScript)",
 }
 
 

@@ -35,6 +35,7 @@ from ..runtime.flavour import OrtUnavailableError
 from ..runtime.region import OrtRegion
 from .decompositions import decomposition_table
 from .joint import partition, written_placeholders
+from .layouts import storage_order_views
 from .rewrites import drop_unused_indices, lower_fast_paths
 from .simplify import simplify_aten
 
@@ -103,6 +104,7 @@ def _aot_compiler(
             )
         try:
             work = copy_graph_module(gm)
+            storage_order_views(work)
             simplify_aten(work)
             # dead values (a view AOTAutograd regenerates outside the graph) would make regions
             # without outputs; ops that write stay (impure)
