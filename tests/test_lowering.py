@@ -288,8 +288,44 @@ def test_adaptive_avg_pool2d_backward_is_bit_identical(shape, out) -> None:
     assert torch.equal(lowering.adaptive_avg_pool2d_backward(g, x), expected)
 
 
-def test_adaptive_avg_pool2d_backward_uneven_windows_left_to_torch() -> None:
-    assert lowering.adaptive_avg_pool2d_backward(torch.randn(1, 1, 3, 3), torch.randn(1, 1, 7, 7)) is NotImplemented
+@pytest.mark.parametrize(("size", "out"), [((7, 7), (3, 3)), ((8, 8), (7, 7)), ((1, 1), (7, 7)), ((5, 9), (3, 4))], ids=str)
+def test_adaptive_avg_pool2d_backward_uneven_windows(size, out) -> None:
+    """Windows of different sizes, overlapping (8 -> 7) or repeating one element (1 -> 7):
+    eager's gradient within rounding."""
+    x = torch.randn(2, 3, *size, dtype=torch.float64)
+    g = torch.randn(2, 3, *out, dtype=torch.float64)
+    expected = aten._adaptive_avg_pool2d_backward.default(g, x)
+    torch.testing.assert_close(lowering.adaptive_avg_pool2d_backward(g, x), expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("size", [1, 8, 9], ids=lambda s: f"{s}x{s}")
+def test_adaptive_pooling_to_uneven_windows_trains_on_ort(size: int) -> None:
+    """VGG's head (pooling to 7 x 7, then a linear layer) on feature maps that 7 does not divide:
+    the pooling's backward runs on ORT."""
+    from ort_lazy import metrics
+
+    def head() -> nn.Module:
+        return nn.Sequential(nn.Conv2d(3, 4, 1), nn.AdaptiveAvgPool2d(7), nn.Flatten(), nn.Linear(4 * 49, 5))
+
+    train_parity(head, [torch.randn(2, 3, size, size)], steps=2)
+    assert_ran_on_ort()
+    assert not any("adaptive_avg_pool2d" in op for op in metrics.fallbacks()), metrics.fallbacks()
+
+
+@pytest.mark.parametrize("dim", [0, 2])
+def test_weight_norm_trains_on_ort(dim: int) -> None:
+    """``weight_norm`` (wav2vec2's positional convolution: dim 2): its backward,
+    ``_weight_norm_interface_backward``, runs on ORT; gradients of ``g`` and ``v`` as eager's."""
+    from ort_lazy import metrics
+
+    def model() -> nn.Module:
+        torch.manual_seed(0)
+        conv = nn.Conv1d(4, 4, 3, padding=1)
+        return nn.Sequential(nn.utils.parametrizations.weight_norm(conv, dim=dim), nn.GELU())
+
+    train_parity(model, [torch.randn(2, 4, 6)], steps=2)
+    assert_ran_on_ort()
+    assert not any("weight_norm" in op for op in metrics.fallbacks()), metrics.fallbacks()
 
 
 def test_small_cnn_trains_on_ort_without_the_pooling_backward_fallback() -> None:

@@ -1153,16 +1153,49 @@ def _avg_pool_backward(spatial: int) -> Any:
 
 
 def adaptive_avg_pool2d_backward(grad: torch.Tensor, x: torch.Tensor) -> Any:
-    """``aten._adaptive_avg_pool2d_backward`` when the input divides into equal windows: each
+    """``aten._adaptive_avg_pool2d_backward``. When the input divides into equal windows, each
     input element gets its window's gradient divided by the window height, then width (the
-    order PyTorch's kernel divides in, so results are bit-identical). Other sizes unchanged."""
+    order PyTorch's kernel divides in, so results are bit-identical). Otherwise the windows
+    differ in size and may overlap (VGG's pooling to 7 x 7 from 8 x 8 or 1 x 1): the gradient is
+    divided by each window's size and spread over its rows and columns by two products with
+    0/1 window matrices (sums in another order than the kernel's: equal within rounding)."""
     *lead, h, w = x.shape
     oh, ow = grad.shape[-2:]
-    if not _concrete(h, w, oh, ow, *lead) or oh == 0 or ow == 0 or h % oh or w % ow:
+    if not _concrete(h, w, oh, ow, *lead) or oh == 0 or ow == 0 or not grad.is_floating_point():
         return NotImplemented
-    kh, kw = h // oh, w // ow
-    g = grad / kh / kw
-    return g.reshape(*lead, oh, 1, ow, 1).expand(*lead, oh, kh, ow, kw).reshape(*lead, h, w)
+    if h % oh == 0 and w % ow == 0:
+        kh, kw = h // oh, w // ow
+        g = grad / kh / kw
+        return g.reshape(*lead, oh, 1, ow, 1).expand(*lead, oh, kh, ow, kw).reshape(*lead, h, w)
+    rows, heights = _pool_windows(h, oh, grad)
+    cols, widths = _pool_windows(w, ow, grad)
+    g = grad / heights.unsqueeze(-1) / widths
+    return rows @ g @ cols.t()
+
+
+def _pool_windows(size: int, out: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Adaptive pooling's windows along one axis: a [size, out] matrix, 1 where input element
+    ``j`` lies in window ``i`` (``floor(i * size / out) <= j < ceil((i + 1) * size / out)``), and
+    each window's length."""
+    i = torch.arange(out, device=like.device)
+    start = torch.div(i * size, out, rounding_mode="floor")
+    end = torch.div((i + 1) * size + out - 1, out, rounding_mode="floor")
+    j = torch.arange(size, device=like.device).unsqueeze(-1)
+    inside = (j >= start) & (j < end)
+    return inside.to(like.dtype), (end - start).to(like.dtype)
+
+
+def weight_norm_interface_backward(
+    grad_w: torch.Tensor, saved_v: torch.Tensor, saved_g: torch.Tensor, saved_norms: torch.Tensor, dim: int
+) -> Any:
+    """``aten._weight_norm_interface_backward`` (the gradient of ``weight_norm``'s
+    ``w = g * v / |v|``, norms over every dim but ``dim``), as PyTorch's differentiable form
+    computes it: ``grad_g = sum(grad_w * v) / |v|`` and
+    ``grad_v = g / |v| * (grad_w - v * grad_g / |v|)``. wav2vec2's positional convolution."""
+    dims = [d for d in range(saved_v.dim()) if d != dim % max(saved_v.dim(), 1)]
+    grad_g = (grad_w * saved_v).sum(dims, keepdim=True) / saved_norms
+    grad_v = (saved_g / saved_norms) * (grad_w - saved_v * (grad_g / saved_norms))
+    return grad_v, grad_g
 
 
 _aten = torch.ops.aten
@@ -1290,6 +1323,7 @@ DECOMPOSITIONS = {
     _aten._native_batch_norm_legit_functional.default: batch_norm_training,
     _aten.native_layer_norm_backward.default: layer_norm_backward,
     _aten._adaptive_avg_pool2d_backward.default: adaptive_avg_pool2d_backward,
+    _aten._weight_norm_interface_backward.default: weight_norm_interface_backward,
     _aten.gelu.default: gelu,
     _aten.fmax.default: nan_ignoring(torch.maximum),
     _aten.fmin.default: nan_ignoring(torch.minimum),
