@@ -297,8 +297,147 @@ def _swin() -> torch.nn.Module:
     )
 
 
+# -- more families: the architectures users bring beyond the first nineteen ---------------------
+
+
+def _hf(model_class: str, config_class: str, **config: Any) -> Callable[[], torch.nn.Module]:
+    """A transformers model built from its config class with ``config``."""
+
+    def build() -> torch.nn.Module:
+        import transformers
+
+        return getattr(transformers, model_class)(getattr(transformers, config_class)(**config))
+
+    return build
+
+
+def _timm(name: str, **kwargs: Any) -> Callable[[], torch.nn.Module]:
+    return lambda: import_timm().create_model(name, pretrained=False, num_classes=10, **kwargs)
+
+
+_NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+_CLASSIFIER = dict(num_labels=5, problem_type="single_label_classification")
+_IMAGE_CLASSIFIER = dict(num_labels=10, problem_type="single_label_classification")
+
+_BART = _hf(
+    "BartForConditionalGeneration", "BartConfig", vocab_size=VOCAB, d_model=32, encoder_layers=1, decoder_layers=1,
+    encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64,
+    max_position_embeddings=64, dropout=0.0, attention_dropout=0.0, pad_token_id=0, decoder_start_token_id=2,
+)  # learned positions with an offset, shifted decoder inputs
+_OPT = _hf(
+    "OPTForCausalLM", "OPTConfig", vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+    ffn_dim=64, max_position_embeddings=64, word_embed_proj_dim=32, dropout=0.0,
+)  # positions from the attention mask's cumsum
+_BLOOM = _hf(
+    "BloomForCausalLM", "BloomConfig", vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4,
+    hidden_dropout=0.0, attention_dropout=0.0,
+)  # ALiBi position biases, baddbmm attention, fused query/key/value
+_GPT_NEOX = _hf(
+    "GPTNeoXForCausalLM", "GPTNeoXConfig", vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+    num_attention_heads=4, intermediate_size=64, max_position_embeddings=64, rotary_pct=0.5,
+)  # rotary embedding on a quarter of each head, parallel residual
+_FALCON = _hf(
+    "FalconForCausalLM", "FalconConfig", vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+    num_attention_heads=4, hidden_dropout=0.0, attention_dropout=0.0,
+)  # multi-query attention, parallel attention and MLP
+_GPT_BIGCODE = _hf(
+    "GPTBigCodeForCausalLM", "GPTBigCodeConfig", vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+    multi_query=True, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+)  # multi-query attention with a packed key/value
+_GEMMA2 = _hf(
+    "Gemma2ForCausalLM", "Gemma2Config", vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
+    sliding_window=8,
+)  # logit soft-capping (tanh), alternating sliding-window layers, sandwich norms
+_QWEN3 = _hf(
+    "Qwen3ForCausalLM", "Qwen3Config", vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
+)  # RMSNorm on queries and keys per head
+_ELECTRA = _hf(
+    "ElectraForSequenceClassification", "ElectraConfig", vocab_size=VOCAB, embedding_size=16, hidden_size=32,
+    num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, max_position_embeddings=64,
+    **_NO_DROPOUT, **_CLASSIFIER,
+)  # embeddings projected up, GELU classification head
+_DEBERTA_V2 = _hf(
+    "DebertaV2ForSequenceClassification", "DebertaV2Config", vocab_size=VOCAB, hidden_size=32,
+    num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, max_position_embeddings=64,
+    relative_attention=True, pos_att_type=["p2c", "c2p"], max_relative_positions=16, position_buckets=8,
+    pooler_dropout=0.0, **_NO_DROPOUT, **_CLASSIFIER,
+)  # disentangled attention: log-bucketed relative positions gathered into the scores
+_WAV2VEC2 = _hf(
+    "Wav2Vec2ForCTC", "Wav2Vec2Config", vocab_size=20, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+    intermediate_size=64, conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+    num_conv_pos_embedding_groups=4, hidden_dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+    feat_proj_dropout=0.0, final_dropout=0.0, layerdrop=0.0, mask_time_prob=0.0, ctc_loss_reduction="mean",
+    pad_token_id=0,
+)  # strided 1-d convolutions, group norm, weight-normed positional convolution, CTC loss
+_SEGFORMER = _hf(
+    "SegformerForSemanticSegmentation", "SegformerConfig", num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1],
+    hidden_sizes=[16, 32], patch_sizes=[7, 3], strides=[4, 2], num_attention_heads=[1, 2], mlp_ratios=[2, 2],
+    decoder_hidden_size=32, num_labels=4, classifier_dropout_prob=0.0, drop_path_rate=0.0, **_NO_DROPOUT,
+)  # overlapping patch embeddings, reduced-key attention, bilinear upsampling, per-pixel loss
+_BEIT = _hf(
+    "BeitForImageClassification", "BeitConfig", image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
+    num_attention_heads=4, intermediate_size=64, use_relative_position_bias=True, drop_path_rate=0.0,
+    **_NO_DROPOUT, **_IMAGE_CLASSIFIER,
+)  # relative position bias tables indexed per head, layer scale
+_MOBILEVIT = _hf(
+    "MobileViTForImageClassification", "MobileViTConfig", image_size=64, hidden_sizes=[16, 24, 32],
+    neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64], classifier_dropout_prob=0.0, **_NO_DROPOUT,
+    **_IMAGE_CLASSIFIER,
+)  # convolutions around transformers over unfolded patches (interpolate, reshapes)
+_CLIP = _hf(
+    "CLIPForImageClassification", "CLIPConfig",
+    vision_config=dict(image_size=32, patch_size=8, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=4),
+    text_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64),
+    **_IMAGE_CLASSIFIER,
+)  # quick-GELU, pre-layer-norm, class embedding
+
+
+def _densenet() -> torch.nn.Module:
+    # concatenated feature maps, BatchNorm before each convolution, average-pool transitions
+    return import_timm().models.densenet.DenseNet(growth_rate=8, block_config=(2, 2), num_classes=10, stem_type="")
+
+
+def _mixer() -> torch.nn.Module:
+    # token-mixing MLPs across the transposed patch axis
+    return import_timm().models.mlp_mixer.MlpMixer(num_classes=10, img_size=64, patch_size=16, num_blocks=2, embed_dim=32)
+
+
+def _poolformer() -> torch.nn.Module:
+    # average pooling as the token mixer, GroupNorm with one group, adaptive pooling restrided by as_strided
+    metaformer = import_timm().models.metaformer
+    return metaformer.MetaFormer(
+        depths=(1, 1, 1, 1), dims=(16, 32, 48, 64), token_mixers=metaformer.Pooling,
+        norm_layers=metaformer.GroupNorm1, num_classes=10,
+    )
+
+
+def _maxvit() -> torch.nn.Module:
+    # block and grid attention with relative position MLPs, MBConv; the relative position MLP's
+    # dropout (0.1) has no constructor argument
+    model = _timm("maxvit_rmlp_pico_rw_256", img_size=64)()
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    return model
+
+
 def _lm_labels(length: int) -> Callable[[torch.Generator], torch.Tensor]:
     return _tokens(length)
+
+
+def _audio(gen: torch.Generator) -> dict[str, torch.Tensor]:
+    return {"input_values": torch.randn(BATCH, 800, generator=gen)}
+
+
+def _ctc_labels(gen: torch.Generator) -> torch.Tensor:
+    return torch.randint(1, 20, (BATCH, 3), generator=gen)
+
+
+def _segmentation_labels(gen: torch.Generator) -> torch.Tensor:
+    return torch.randint(0, 4, (BATCH, 32, 32), generator=gen)
 
 
 CASES: dict[str, ModelCase] = {
@@ -323,6 +462,47 @@ CASES: dict[str, ModelCase] = {
         ModelCase("efficientnet", _efficientnet, _image(64, "x"), _classes(10), outputs=(), family="timm"),
         ModelCase("regnet", _regnet, _image(64, "x"), _classes(10), outputs=(), family="timm"),
         ModelCase("swin", _swin, _image(56, "x"), _classes(10), outputs=(), family="timm"),
+        ModelCase("bart", _BART, _seq2seq, _lm_labels(6)),
+        ModelCase("opt", _OPT, _text(12), _lm_labels(12)),
+        ModelCase("bloom", _BLOOM, _text(12, padded=True), _lm_labels(12)),
+        ModelCase("gpt_neox", _GPT_NEOX, _text(12), _lm_labels(12)),
+        ModelCase("falcon", _FALCON, _text(12), _lm_labels(12)),
+        ModelCase("gpt_bigcode", _GPT_BIGCODE, _text(12), _lm_labels(12)),
+        ModelCase("gemma2", _GEMMA2, _text(12), _lm_labels(12)),
+        ModelCase("qwen3", _QWEN3, _text(12), _lm_labels(12)),
+        ModelCase("electra", _ELECTRA, _text(12, padded=True), _classes(5)),
+        ModelCase("deberta_v2", _DEBERTA_V2, _text(12, padded=True), _classes(5)),
+        ModelCase("wav2vec2", _WAV2VEC2, _audio, _ctc_labels),
+        ModelCase("segformer", _SEGFORMER, _image(32), _segmentation_labels),
+        ModelCase("beit", _BEIT, _image(32), _classes(10)),
+        ModelCase("mobilevit", _MOBILEVIT, _image(64), _classes(10)),
+        ModelCase("clip", _CLIP, _image(32), _classes(10)),
+        ModelCase("densenet", _densenet, _image(32, "x"), _classes(10), outputs=(), family="timm"),
+        ModelCase("mixer", _mixer, _image(64, "x"), _classes(10), outputs=(), family="timm"),
+        ModelCase("poolformer", _poolformer, _image(64, "x"), _classes(10), outputs=(), family="timm"),
+        # distillation token, two heads averaged in eval
+        ModelCase("deit", _timm("deit_tiny_distilled_patch16_224", img_size=32, embed_dim=32, depth=2, num_heads=2),
+                  _image(32, "x"), _classes(10), outputs=(), family="timm"),
+        # attention with learned biases gathered by offset, BatchNorm after linear layers, hard-swish
+        ModelCase("levit", _timm("levit_128s", img_size=64), _image(64, "x"), _classes(10), outputs=(), family="timm"),
+        # weight-standardized convolutions (normalized weights every call), no BatchNorm
+        ModelCase("nfnet", _timm("nf_resnet26", channels=(16, 32, 64, 128)), _image(32, "x"), _classes(10),
+                  outputs=(), family="timm"),
+        # max pooling stacks, adaptive pooling to 7 x 7 from 1 x 1
+        ModelCase("vgg", _timm("vgg11"), _image(32, "x"), _classes(10), outputs=(), family="timm"),
+        # ghost modules (cheap depthwise features concatenated), squeeze-excite
+        ModelCase("ghostnet", _timm("ghostnet_050", drop_rate=0.0), _image(64, "x"), _classes(10), outputs=(),
+                  family="timm"),
+        ModelCase("maxvit", _maxvit, _image(64, "x"), _classes(10), outputs=(), family="timm"),
+        # hierarchical aggregation trees (concatenation of levels)
+        ModelCase("dla", _timm("dla34"), _image(64, "x"), _classes(10), outputs=(), family="timm"),
+        # separable convolutions in entry/middle/exit flows
+        ModelCase("xception", _timm("xception41"), _image(64, "x"), _classes(10), outputs=(), family="timm"),
+        # parallel branches of asymmetric convolutions, auxiliary-free
+        ModelCase("inception", _timm("inception_v3"), _image(96, "x"), _classes(10), outputs=(), family="timm"),
+        # rotary position embedding on image patches, SwiGLU
+        ModelCase("eva", _timm("eva02_tiny_patch14_224", img_size=28, embed_dim=32, depth=2, num_heads=2),
+                  _image(28, "x"), _classes(10), outputs=(), family="timm"),
     ]
 }
 
