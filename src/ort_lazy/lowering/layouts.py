@@ -139,15 +139,23 @@ def storage_order_views(gm: torch.fx.GraphModule) -> int:
     return changed
 
 
+def _off_row_major(node: torch.fx.Node) -> tuple[torch.Tensor, tuple[list[int], list[int], int, int, int]] | None:
+    """(the input's fake tensor, what the call addresses) of an ``as_strided`` or
+    ``as_strided_scatter`` call the translation's row-major reading would get wrong; None when
+    it gets it right, or the call is symbolic (the support check keeps it in PyTorch)."""
+    val = _val(node.args[0])
+    addressed = None if val is None else _addressed(node, val)
+    if val is None or addressed is None or (_row_major(val) and addressed[4] < val.numel()):
+        return None
+    return val, addressed
+
+
 def _rewrite_read(gm: torch.fx.GraphModule, node: torch.fx.Node) -> int:
-    source = node.args[0]
-    source_val = _val(source)
-    addressed = None if source_val is None else _addressed(node, source_val)
-    if addressed is None:
+    found = _off_row_major(node)
+    if found is None:
         return 0
-    size, stride, offset, first, last = addressed
-    if _row_major(source_val) and last < source_val.numel():
-        return 0  # the translation's row-major reading is eager's
+    source = node.args[0]
+    source_val, (size, stride, offset, first, last) = found
     root = _view_root(source)
     root_val = _val(root)
     assert root_val is not None
@@ -164,14 +172,11 @@ def _rewrite_read(gm: torch.fx.GraphModule, node: torch.fx.Node) -> int:
 
 
 def _rewrite_scatter(gm: torch.fx.GraphModule, node: torch.fx.Node) -> int:
+    found = _off_row_major(node)
+    if found is None:
+        return 0
     base = node.args[0]
-    base_val = _val(base)
-    addressed = None if base_val is None else _addressed(node, base_val)
-    if addressed is None:
-        return 0
-    size, stride, offset, first, last = addressed
-    if _row_major(base_val) and last < base_val.numel():
-        return 0
+    base_val, (size, stride, offset, first, last) = found
     order = storage_order(base_val)
     if order is None or not _holds(base_val, first, last):
         # eager writes by storage position into a copy of a view: writes outside it are dropped
