@@ -208,4 +208,7 @@ def test_parking_is_decided_right_in_a_fresh_process() -> None:
     done = subprocess.run([sys.executable, "-c", _FRESH_PROCESS], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     available, parked = done.stdout.split()[-2:]
-    assert available == "True" and int(parked) == 3, done.stdout
+    # a run parks only workers still spinning from the op before it: on a loaded machine (CI's
+    # two test processes) one may already sleep, and there is nothing to park (1 of 3 seen);
+    # with parking left undecided none of the three parks
+    assert available == "True" and int(parked) >= 1, done.stdout
