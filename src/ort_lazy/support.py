@@ -385,7 +385,7 @@ def op_reason(
 #: graph does not carry: they stay in PyTorch (:mod:`ort_lazy.export.strided`); the bridge's
 #: fusion pass leaves a graph holding one unfused, whole
 MEMORY_ADDRESSING = {
-    op: "addresses its input's memory, whose layout the TorchScript graph does not give"
+    op: "addresses its input's memory, whose layout a TorchScript graph does not give"
     for op in ("aten::as_strided", "aten::as_strided_scatter")
 }
 

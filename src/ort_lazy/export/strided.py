@@ -29,7 +29,7 @@ import torch
 
 from .emitter import translation_emitter
 
-__all__ = ["TRANSLATIONS", "layout_problem", "storage_order", "flat_positions", "MAX_SCATTER_POSITIONS"]
+__all__ = ["TRANSLATIONS", "layout_problem", "storage_order", "last_position", "flat_positions", "MAX_SCATTER_POSITIONS"]
 
 #: addressed elements above which ``as_strided_scatter`` is not translated (its positions are a
 #: constant of 8 bytes each in the model)
@@ -41,6 +41,12 @@ def storage_order(t: torch.Tensor) -> list[int] | None:
     are dense and do not overlap (the identity for a contiguous tensor); None otherwise."""
     order = sorted(range(t.dim()), key=lambda d: (-t.stride(d), d))
     return order if t.permute(order).is_contiguous() else None
+
+
+def last_position(size: Sequence[int], stride: Sequence[int], offset: int) -> int:
+    """The storage position of the last element of ``as_strided(size, stride, offset)`` (non-negative
+    strides, no empty dim)."""
+    return offset + sum((n - 1) * s for n, s in zip(size, stride))
 
 
 def flat_positions(size: Sequence[int], stride: Sequence[int], offset: int) -> np.ndarray:
@@ -76,8 +82,7 @@ def layout_problem(arguments: dict[str, Any], scatter: bool = False) -> str | No
         return None
     if any(s < 0 for s in stride) or offset < 0:
         return "negative strides or offset"
-    last = offset + sum((n - 1) * s for n, s in zip(size, stride))
-    if last >= x.numel():
+    if last_position(size, stride, offset) >= x.numel():
         return "it addresses memory beyond its input's elements"
     if scatter:
         if count > MAX_SCATTER_POSITIONS:
@@ -94,9 +99,10 @@ def as_strided_scatter(self: Any, src: Any, size: Any, stride: Any, storage_offs
 
     e = translation_emitter("as_strided_scatter")
     positions = flat_positions([int(n) for n in size], [int(s) for s in stride], int(storage_offset or 0))
-    flat = e.op("Reshape", self, e.op("Constant", value=ir.tensor(np.array([-1], dtype=np.int64))))
+    flat_shape = e.op("Constant", value=ir.tensor(np.array([-1], dtype=np.int64)))
+    flat = e.op("Reshape", self, flat_shape)
     indices = e.op("Constant", value=ir.tensor(np.ascontiguousarray(positions.reshape(-1, 1))))
-    updates = e.op("Reshape", e.cast(src, self.dtype), e.op("Constant", value=ir.tensor(np.array([-1], dtype=np.int64))))
+    updates = e.op("Reshape", e.cast(src, self.dtype), flat_shape)
     written = e.op("ScatterND", flat, indices, updates)
     return e.op("Reshape", written, e.op("Shape", self))
 

@@ -86,9 +86,8 @@ _REJECTED = {
     "untyped": f"{Reason.UNFUSABLE}: an input without a profiled dtype and rank",
     "schema": f"{Reason.UNFUSABLE}: no operator schema",
     "mutable": Reason.MUTATION,
-    # the whole graph stays in TorchScript (:data:`ort_lazy.support.MEMORY_ADDRESSING`)
-    "memory": f"{Reason.DISTRUSTED} (addresses its input's memory, whose layout a TorchScript graph does not give; "
-    "the graph runs in TorchScript)",
+    # the whole graph stays in TorchScript
+    "memory": f"{Reason.DISTRUSTED} ({support.MEMORY_ADDRESSING['aten::as_strided']}; the graph runs in TorchScript)",
 }
 
 

@@ -35,7 +35,7 @@ import torch
 import torch.fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from ..export.strided import storage_order
+from ..export.strided import last_position, storage_order
 
 __all__ = ["storage_order_views", "LayoutError"]
 
@@ -114,7 +114,7 @@ def _addressed(node: torch.fx.Node, source: torch.Tensor) -> tuple[list[int], li
         return None
     if any(s < 0 for s in stride):
         raise LayoutError(f"as_strided with negative strides {stride}")
-    return size, stride, offset, offset, offset + sum((n - 1) * s for n, s in zip(size, stride))
+    return size, stride, offset, offset, last_position(size, stride, offset)
 
 
 def storage_order_views(gm: torch.fx.GraphModule) -> int:
