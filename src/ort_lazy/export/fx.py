@@ -17,6 +17,7 @@ from ..specs import TORCH_TO_ONNX, OrtModel, TensorSpec
 from .half import float32_products, narrow_to_float16
 from .quantize import quantize_dynamic_int8
 from .reductions import leading_sums_as_matmul
+from .symbolic import typed_symbolic_scalars
 from .translations import register_own_translations
 from .widen import widen_low_precision
 
@@ -32,11 +33,12 @@ def spec_of(value: Any) -> TensorSpec:
     if isinstance(value, torch.Tensor):
         shape = tuple(d if isinstance(d, int) else str(d.node) for d in value.shape)
         return TensorSpec(value.dtype, shape, value.device)
-    # Python scalars become 0-d tensors of the type the translator declares for them.
+    # Python scalars become 0-d tensors of the type the translated graph reads: floats are
+    # float64 (``_double_symbolic_inputs``), so float64 ops read eager's number
     if isinstance(value, (bool, torch.SymBool)):
         return TensorSpec(torch.bool, (), torch.device("cpu"), scalar=True)
     if isinstance(value, (float, torch.SymFloat)):
-        return TensorSpec(torch.float32, (), torch.device("cpu"), scalar=True)
+        return TensorSpec(torch.float64, (), torch.device("cpu"), scalar=True)
     return TensorSpec(torch.int64, (), torch.device("cpu"), scalar=True)
 
 
@@ -80,6 +82,7 @@ def translate(gm: torch.fx.GraphModule, name: str = "region", providers: Sequenc
     _compat.translate_fx_graph(gm.graph, model)
     if scalars:
         _bake_constants(model, scalars)
+    _double_symbolic_inputs(model, gm)
     _restore_double_constants(model, gm)
     _uncopied_outputs(model)
     _dedupe_outputs(model)
@@ -233,6 +236,36 @@ def _restore_double_constants(model: Any, gm: torch.fx.GraphModule) -> int:
     return restored
 
 
+def _double_symbolic_inputs(model: Any, gm: torch.fx.GraphModule) -> int:
+    """Make the graph's Python-float inputs float64 (in place; returns how many).
+
+    A region reads a symbolic float PyTorch computed from the sizes (``n / 3`` in ``x * (n /
+    3)``) as an input, which the translator types float32: a float64 op then read it rounded
+    (1e-7 off eager's). The input becomes float64 (:func:`spec_of` binds it so); each use that
+    only casts it to float64 reads it whole, any other use a float32 copy, as translated.
+    """
+    import onnx_ir as ir
+
+    names = {
+        n.name for n in gm.graph.nodes if n.op == "placeholder" and isinstance(n.meta.get("val"), (float, torch.SymFloat))
+    }
+    changed = 0
+    for value in model.graph.inputs:
+        if value.name not in names or value.dtype != ir.DataType.FLOAT:
+            continue
+        others = [use for use in value.uses() if not _casts_to_double(model, use[0], use[1])]
+        value.dtype = ir.DataType.DOUBLE
+        if others:
+            cast = ir.Node("", "Cast", [value], attributes=[ir.AttrInt64("to", ir.DataType.FLOAT)], num_outputs=1)
+            cast.outputs[0].dtype = ir.DataType.FLOAT
+            cast.outputs[0].shape = ir.Shape([])
+            model.graph.insert_before(next(iter(model.graph)), cast) if len(model.graph) else model.graph.append(cast)
+            for user, index in others:
+                user.replace_input_with(index, cast.outputs[0])
+        changed += 1
+    return changed
+
+
 def _casts_to_double(model: Any, user: Any, index: int, call: Any = None) -> bool:
     """Whether ``user``'s input ``index`` is only cast to float64: ``Cast(to=DOUBLE)``,
     ``CastLike`` to a value typed double, or a local function (torchlib's) whose parameter there
@@ -261,11 +294,13 @@ def _casts_to_double(model: Any, user: Any, index: int, call: Any = None) -> boo
 
 
 def _prepare(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """A copy with explicit type promotion and no dead code."""
+    """A copy with explicit type promotion (symbolic numbers typed as the ops reading them
+    compute) and no dead code."""
     graph = copy.deepcopy(gm.graph)
     out = torch.fx.GraphModule(gm, graph)
     for node in out.graph.nodes:
         node.meta.pop("stack_trace", None)
+    typed_symbolic_scalars(out)
     _compat.insert_type_promotion(out)
     return out
 

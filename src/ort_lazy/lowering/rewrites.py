@@ -952,6 +952,16 @@ def native_batch_norm(
     )
 
 
+def batch_norm_no_stats(x: torch.Tensor, *args: Any) -> Any:
+    """``aten._native_batch_norm_legit.no_stats`` (batch norm without running statistics) in
+    other dtypes than float32: torch's decomposition (in float32 for float16/bfloat16, as eager
+    computes). The exporter's translation mixes float32 constants with the input's type there
+    (ill-typed: the op stayed in PyTorch)."""
+    if x.dtype == torch.float32:
+        return NotImplemented
+    return _torch_decomposition(_aten._native_batch_norm_legit.no_stats, x, *args)
+
+
 def batch_norm_training(
     x: torch.Tensor,
     weight: Any,
@@ -1321,6 +1331,7 @@ DECOMPOSITIONS = {
     _aten._safe_softmax.default: safe_softmax_dtype,
     _aten.native_batch_norm.default: native_batch_norm,
     _aten._native_batch_norm_legit_functional.default: batch_norm_training,
+    _aten._native_batch_norm_legit.no_stats: batch_norm_no_stats,
     _aten.native_layer_norm_backward.default: layer_norm_backward,
     _aten._adaptive_avg_pool2d_backward.default: adaptive_avg_pool2d_backward,
     _aten._weight_norm_interface_backward.default: weight_norm_interface_backward,
