@@ -259,7 +259,7 @@ def _double_symbolic_inputs(model: Any, gm: torch.fx.GraphModule) -> int:
             cast = ir.Node("", "Cast", [value], attributes=[ir.AttrInt64("to", ir.DataType.FLOAT)], num_outputs=1)
             cast.outputs[0].dtype = ir.DataType.FLOAT
             cast.outputs[0].shape = ir.Shape([])
-            model.graph.insert_before(next(iter(model.graph)), cast) if len(model.graph) else model.graph.append(cast)
+            model.graph.insert_before(next(iter(model.graph)), cast)  # others: the graph has nodes
             for user, index in others:
                 user.replace_input_with(index, cast.outputs[0])
         changed += 1
