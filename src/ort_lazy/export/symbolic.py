@@ -59,48 +59,45 @@ _TENSOR_OPERAND_OPS = set(_TENSOR_OVERLOADS.values()) | {
     _aten.clamp.Tensor, _aten.clamp_min.Tensor, _aten.clamp_max.Tensor,
 }
 
+
 def _is_symbolic_number(arg: Any) -> bool:
     return isinstance(arg, torch.fx.Node) and isinstance(
         arg.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool)
     )
 
 
+def _operand_dtypes(node: torch.fx.Node) -> list[torch.dtype]:
+    """The dtypes of ``node``'s tensor arguments, in order."""
+    vals = [arg.meta.get("val") for arg in node.args if isinstance(arg, torch.fx.Node)]
+    return [val.dtype for val in vals if isinstance(val, torch.Tensor)]
+
+
 def _tensor_dtype(node: torch.fx.Node) -> torch.dtype | None:
     """The dtype the op computes in: its first tensor operand's for ``prims`` ops (which take
-    operands of one dtype), else its result's."""
+    operands of one dtype), else its result's; for a comparison, a floating operand's (else
+    type promotion decides: None)."""
     if node.target.namespace == "prims":
-        for arg in node.args:
-            val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
-            if isinstance(val, torch.Tensor):
-                return val.dtype
-        return None
+        return next(iter(_operand_dtypes(node)), None)
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor):
         return None
     if val.dtype != torch.bool:
         return val.dtype
-    # a comparison: a floating operand's type; else type promotion decides
-    for arg in node.args:
-        operand = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
-        if isinstance(operand, torch.Tensor) and operand.dtype.is_floating_point:
-            return operand.dtype
-    return None
+    return next((d for d in _operand_dtypes(node) if d.is_floating_point), None)
 
 
-class _Builder:
-    """Inserts ``scalar_tensor`` nodes before a node."""
+def _number_dtype(number: Any) -> torch.dtype:
+    """The dtype PyTorch gives a Python number of ``number``'s kind."""
+    if isinstance(number, torch.SymFloat):
+        return torch.float32
+    return torch.bool if isinstance(number, torch.SymBool) else torch.int64
 
-    def __init__(self, graph: torch.fx.Graph) -> None:
-        self.graph = graph
 
-    def _new(self, target: Any, args: tuple, kwargs: dict, dtype: torch.dtype) -> torch.fx.Node:
-        node = self.graph.call_function(target, args, kwargs)
-        with _compat.real_tensor_mode():
-            node.meta["val"] = torch.empty((), dtype=dtype)
-        return node
-
-    def scalar(self, value: Any, dtype: torch.dtype) -> torch.fx.Node:
-        return self._new(_aten.scalar_tensor.default, (value,), {"dtype": dtype}, dtype)
+def _typed(graph: torch.fx.Graph, target: Any, args: tuple, kwargs: dict, val: Any) -> torch.fx.Node:
+    """A new ``call_function`` node (at the graph's insertion point) with ``meta["val"]``."""
+    node = graph.call_function(target, args, kwargs)
+    node.meta["val"] = val
+    return node
 
 
 def typed_symbolic_scalars(gm: torch.fx.GraphModule) -> int:
@@ -123,28 +120,21 @@ def typed_symbolic_scalars(gm: torch.fx.GraphModule) -> int:
         if target not in _TENSOR_OPERAND_OPS and node.target.namespace != "prims":
             continue
         dtype = _tensor_dtype(node)
-        builder = _Builder(gm.graph)
         args = list(node.args)
         with gm.graph.inserting_before(node):
             for i, arg in enumerate(args):
-                if not _is_symbolic_number(arg):
-                    continue
-                if dtype is not None:
-                    args[i] = builder.scalar(arg, dtype)
-                else:
-                    number = arg.meta["val"]
-                    kind = torch.float32 if isinstance(number, torch.SymFloat) else (
-                        torch.bool if isinstance(number, torch.SymBool) else torch.int64
-                    )
-                    args[i] = builder.scalar(arg, kind)
-                rewritten += 1
+                if _is_symbolic_number(arg):
+                    kind = dtype or _number_dtype(arg.meta["val"])
+                    with _compat.real_tensor_mode():
+                        val = torch.empty((), dtype=kind)
+                    args[i] = _typed(gm.graph, _aten.scalar_tensor.default, (arg,), {"dtype": kind}, val)
+                    rewritten += 1
             if target in _ARITHMETIC and dtype is not None and dtype.is_floating_point:
                 for i, arg in enumerate(args):
                     val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
                     if isinstance(val, torch.Tensor) and not val.is_floating_point():
-                        converted = gm.graph.call_function(_prims.convert_element_type.default, (arg, dtype))
-                        converted.meta["val"] = val.to(dtype)  # a fake tensor stays fake
-                        args[i] = converted
+                        # a fake tensor's conversion stays fake
+                        args[i] = _typed(gm.graph, _prims.convert_element_type.default, (arg, dtype), {}, val.to(dtype))
         node.target = target
         node.args = tuple(args)
     if rewritten:
