@@ -339,3 +339,23 @@ def test_instances_from_many_threads_build_each_set_once() -> None:
         t.join()
     assert not errors, errors[:5]
     assert assert_ran_on_ort()["weight_sets"] == len(models) - 1
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8-dynamic"])
+@pytest.mark.parametrize("path", ["module", "function"])
+def test_weights_made_in_inference_mode_run_on_ort_and_are_never_stale(precision: str, path: str) -> None:
+    """Tensors made under ``torch.inference_mode()`` have no version counter to follow: they
+    are graph inputs (the region ran in PyTorch before), and a write into one is seen."""
+    with torch.inference_mode():
+        model = _conv_bn().eval()
+        x = torch.randn(2, 3, 10, 10)
+        # a module, or a function whose graph holds the module's tensors
+        run = model if path == "module" else (lambda x: model(x) * 2)
+        compiled = compile_ort(run, precision=precision)
+        assert_close(compiled(x), run(x))
+        model[0].weight.mul_(1.5)  # no version counter moves
+        model[1].running_var.add_(1.0)
+        assert_close(compiled(x), run(x))
+        assert_close(compiled(x), run(x))
+    c = assert_ran_on_ort(3)
+    assert not c.get("ort_failures") and not c.get("compile_failures") and not c.get("torch_runs"), c

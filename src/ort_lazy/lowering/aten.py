@@ -131,6 +131,8 @@ def _aot_compiler(
 
     def compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         constants = _frozen_for(gm, frozen) if frozen else None
+        if constants and mode in ("shared", "copied"):
+            constants = _followable(constants, options)
         compiled = build(gm, constants)
         if not constants:
             return compiled
@@ -276,6 +278,25 @@ def _module_state(gm: torch.nn.Module, example_inputs: Sequence[Any]) -> dict[in
         if isinstance(t, torch.Tensor) and (isinstance(t, torch.nn.Parameter) or i in state)
         and not isinstance(t, torch._subclasses.FakeTensor) and t.device.type != "meta"
     }
+
+
+def _followable(state: dict[int, torch.Tensor], options: Options) -> dict[int, torch.Tensor]:
+    """The weights whose changes a bound session can follow (version counter and storage).
+
+    Tensors made under ``torch.inference_mode()`` track no version counter, and may be written
+    in place there: bound to a session, a change would go unseen. They stay graph inputs (the
+    same memory, read on every call), so a result is never computed from stale weights.
+    """
+    kept = {i: t for i, t in state.items() if not t.is_inference()}
+    if len(kept) < len(state):
+        metrics.warn_once(
+            "inference-tensor-weights",
+            "ort-lazy: %d weights were made under torch.inference_mode() (no version counter): they are "
+            "passed to ORT as graph inputs%s",
+            len(state) - len(kept),
+            "" if options.precision == "fp32" else f"; precision={options.precision!r} does not apply to them",
+        )
+    return kept
 
 
 def compile_captured(gm: torch.nn.Module, example_inputs: Sequence[Any], options: Options) -> Callable[..., Any]:
