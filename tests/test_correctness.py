@@ -307,6 +307,86 @@ def test_ill_typed_translations_are_rewritten(name: str, fn, make, caplog, monke
     assert c["ort_runs"] >= 1 and c["fallback_ops"] == 0, (name, metrics.fallbacks(), said)
 
 
+_FACTORIES = {
+    "full": lambda x: x + torch.full((4,), 1 / 3),
+    "ones": lambda x: x + torch.ones(4) / 3,
+    "zeros": lambda x: x + torch.zeros(4),
+    "empty_fill": lambda x: x + torch.empty(4).fill_(0.2),
+    "scalar_tensor": lambda x: x + torch.scalar_tensor(1 / 3),
+    "linspace": lambda x: x + torch.linspace(0, 1, 4),
+    "arange_float": lambda x: x + torch.arange(0.0, 2.0, 0.5),
+    "randn": lambda x: x + torch.randn(4) * 0,
+    "rand": lambda x: x + torch.rand(4) * 0,
+    "eye": lambda x: x + torch.eye(4)[1],
+    "tensor": lambda x: x + torch.tensor(1 / 3),
+}
+
+
+@pytest.mark.parametrize("default", [torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name", list(_FACTORIES))
+def test_factories_under_a_default_dtype_other_than_float32(name: str, default: torch.dtype) -> None:
+    """``torch.set_default_dtype``: a factory without a dtype makes the default one, which the
+    exporter's translations took for float32 (ill-typed, left to PyTorch) before."""
+    fn = _FACTORIES[name]
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(default)
+    try:
+        x = torch.randn(4)
+        tol = 1e-12 if default == torch.float64 else 1e-2
+        c = parity(fn, x, grad=False, rtol=tol, atol=tol)
+    finally:
+        torch.set_default_dtype(before)
+    assert c["ort_runs"] >= 1 and c["fallback_ops"] == 0, (name, metrics.fallbacks())
+
+
+_POWER_BASES = [3, 3, 7, -3, 2, 5, 0, 1, -1, -2, 0, 2]
+_POWER_EXPONENTS = [33, 39, 30, 41, 63, 3, 0, 5, 7, 0, 2, 31]
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("exponent", [2, 3, 30, 35, 39, 63, 64, 1, 0, True])
+def test_integer_powers_with_a_constant_exponent_are_exact_on_ort(dtype: torch.dtype, exponent: int) -> None:
+    """Products, not ORT's floating-point ``Pow``: exact past 2**53, wrapping on overflow."""
+    x = torch.tensor(_POWER_BASES, dtype=dtype)
+    got = compile_ort(lambda x: x**exponent + 0)(x)
+    expected = x**exponent + 0
+    assert got.dtype == expected.dtype and torch.equal(got, expected), (got, expected)
+    assert metrics.counters()["ort_runs"] == 1 and metrics.counters()["fallback_ops"] == 0, metrics.fallbacks()
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("form", ["tensors", "scalar base"])
+def test_integer_powers_of_tensor_exponents_are_exact(dtype: torch.dtype, form: str) -> None:
+    """A tensor exponent stays in PyTorch (ORT: 3**35 lost its low digits, 3**39 did not wrap,
+    0**-2 was the type's minimum), named as a distrusted translation."""
+    x = torch.tensor(_POWER_BASES, dtype=dtype)
+    e = torch.tensor(_POWER_EXPONENTS[:-2] + [-2, -1], dtype=dtype)
+    fn = (lambda x, e: torch.pow(x, e) * 1) if form == "tensors" else (lambda x, e: torch.pow(3, e) * x)
+    got = compile_ort(fn)(x, e)
+    expected = fn(x, e)
+    assert torch.equal(got, expected), (got, expected)
+    pow_reasons = [r for op, reasons in metrics.fallbacks().items() if op.startswith("aten.pow") for r in reasons]
+    assert pow_reasons and all("integer powers" in r for r in pow_reasons), metrics.fallbacks()
+    assert metrics.counters()["ort_runs"] == 1  # the product still ran on ORT
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+def test_random_draws_on_ort_in_every_float_dtype(dtype: torch.dtype) -> None:
+    """``rand`` / ``randn`` run on ORT (its generator, not PyTorch's) with the right dtype and
+    distribution; in float16 ORT refused the whole region before, in bfloat16 they stayed in
+    PyTorch."""
+
+    def draw(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.rand(64, 64, dtype=x.dtype) + x, torch.randn(64, 64, dtype=x.dtype) + x
+
+    uniform, normal = compile_ort(draw)(torch.zeros((), dtype=dtype))
+    assert uniform.dtype == normal.dtype == dtype
+    u, n = uniform.double(), normal.double()
+    assert 0 <= u.min() and u.max() <= 1 and abs(u.mean() - 0.5) < 0.03 and abs(u.std() - 12**-0.5) < 0.03
+    assert abs(n.mean()) < 0.06 and abs(n.std() - 1) < 0.06
+    assert metrics.counters()["ort_runs"] == 1 and metrics.counters()["fallback_ops"] == 0, metrics.fallbacks()
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float16])
 def test_hardtanh_backward_outside_float32(dtype: torch.dtype) -> None:
     x = torch.tensor([-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, float("nan")], dtype=dtype)

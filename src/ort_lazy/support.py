@@ -108,11 +108,30 @@ def _low_precision(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.dtype in (torch.float16, torch.bfloat16)
 
 
+def _integral(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return not (value.dtype.is_floating_point or value.dtype.is_complex)
+    return isinstance(value, int)
+
+
+def _integer_power(arguments: dict[str, Any]) -> str | None:
+    """ORT computes integer ``Pow`` through floating point: results past 2**53 lose their low
+    digits, overflows do not wrap as PyTorch's do, and 0 to a negative power is the type's
+    minimum instead of 0. A constant exponent is decomposed into products
+    (:func:`~ort_lazy.lowering.rewrites.integer_power`)."""
+    if _integral(arguments.get("self")) and _integral(arguments.get("exponent")):
+        return "integer powers are computed in floating point"
+    return None
+
+
 def _distrusted_when() -> dict[Any, Callable[[dict[str, Any]], str | None]]:
     aten = torch.ops.aten
     ignored_divisor = _when("divisor_override", lambda v: v is not None, "divisor_override is ignored by the translation")
     return {
         aten.avg_pool2d.default: ignored_divisor,
+        aten.pow.Tensor_Tensor: _integer_power,
+        aten.pow.Tensor_Scalar: _integer_power,
+        aten.pow.Scalar: _integer_power,
         aten.avg_pool3d.default: ignored_divisor,
         aten.scatter_reduce.two: _when("reduce", lambda v: v == "mean", "reduce='mean' translation is wrong"),
         # ORT's GridSample interpolates differently in float16 / bfloat16 (2e-2 / 0.16 off eager)

@@ -301,8 +301,81 @@ def _prepare(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     for node in out.graph.nodes:
         node.meta.pop("stack_trace", None)
     typed_symbolic_scalars(out)
+    _explicit_factory_dtypes(out)
+    _wide_half_scalars(out)
     _compat.insert_type_promotion(out)
     return out
+
+
+#: float16 arithmetic with a Python-float operand (the tensor first)
+_HALF_SCALAR_ARITHMETIC = {
+    _aten.add.Tensor, _aten.add.Scalar, _aten.sub.Tensor, _aten.sub.Scalar, _aten.rsub.Scalar,
+    _aten.mul.Tensor, _aten.mul.Scalar, _aten.div.Tensor, _aten.div.Scalar,
+    _aten.div.Tensor_mode, _aten.div.Scalar_mode,
+}
+_HALF_NORMAL = (float(torch.finfo(torch.float16).tiny), float(torch.finfo(torch.float16).max))
+
+
+def _wide_half_scalars(gm: torch.fx.GraphModule) -> int:
+    """float16 arithmetic on a Python float outside float16's normal range computed in float32
+    (in place; returns how many).
+
+    Eager computes ``half * s`` in float32 with ``s`` in float32; the translation rounds ``s``
+    to float16 first: ``x / 1e5`` divided by infinity (0 where eager gives x * 1e-5), and a
+    subnormal ``s`` such as ``1e-6`` kept 1-2 digits (1% off). Scalars inside the normal range
+    round to within half a float16 step and stay as they are.
+    """
+    changed = 0
+    low, high = _HALF_NORMAL
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in _HALF_SCALAR_ARITHMETIC or len(node.args) < 2:
+            continue
+        x, s = node.args[0], node.args[1]
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor) or val.dtype != torch.float16 or type(s) is not float:
+            continue
+        if not isinstance(x, torch.fx.Node) or getattr(x.meta.get("val"), "dtype", None) != torch.float16:
+            continue
+        if s == 0 or not math.isfinite(s) or low <= abs(s) <= high:
+            continue
+        graph = gm.graph
+        with graph.inserting_before(node):
+            wide = graph.call_function(_aten._to_copy.default, (x,), {"dtype": torch.float32})
+            wide.meta["val"] = x.meta["val"].to(torch.float32)
+            op = graph.call_function(node.target, (wide, s, *node.args[2:]), dict(node.kwargs))
+            op.meta["val"] = val.to(torch.float32)
+            back = graph.call_function(_aten._to_copy.default, (op,), {"dtype": torch.float16})
+            back.meta["val"] = val
+        node.replace_all_uses_with(back)
+        graph.erase_node(node)
+        changed += 1
+    return changed
+
+
+def _explicit_factory_dtypes(gm: torch.fx.GraphModule) -> int:
+    """Factory ops (no tensor operand) without a ``dtype`` get the one they made (in place;
+    returns how many).
+
+    With ``dtype=None`` a factory makes torch's default dtype (``torch.set_default_dtype``),
+    while the exporter's translations assume float32: under a float64 default, ``full``,
+    ``ones``, ``zeros``, ``empty``, ``randn``, ``linspace`` and ``scalar_tensor`` were
+    ill-typed (left to PyTorch).
+    """
+    changed = 0
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor) or node.kwargs.get("dtype") is not None:
+            continue
+        if not any(a.name == "dtype" and a.kwarg_only for a in node.target._schema.arguments):
+            continue
+        operands = torch.utils._pytree.tree_leaves((node.args, node.kwargs))
+        if any(isinstance(a, torch.fx.Node) and isinstance(a.meta.get("val"), torch.Tensor) for a in operands):
+            continue
+        node.kwargs = {**node.kwargs, "dtype": val.dtype}
+        changed += 1
+    return changed
 
 
 def _uncopied_outputs(model: Any) -> int:

@@ -370,13 +370,45 @@ def hypot(a: torch.Tensor, b: torch.Tensor) -> Any:
         wa, wb = a.to(torch.float64).abs(), b.to(torch.float64).abs()
         out = torch.sqrt(wa * wa + wb * wb)
     else:
-        wa, wb = a.abs().to(dtype), b.abs().to(dtype)
+        wa, wb = a.to(dtype).abs(), b.to(dtype).abs()
         m = torch.maximum(wa, wb)
         safe = torch.where(m == 0, torch.ones_like(m), m)
         qa, qb = wa / safe, wb / safe
         out = m * torch.sqrt(qa * qa + qb * qb)
     out = torch.where((wa == math.inf) | (wb == math.inf), torch.full_like(out, math.inf), out)
     return out.to(dtype)
+
+
+def promoted_power(x: torch.Tensor, exponent: Any) -> Any:
+    """``pow`` of tensors whose base has another dtype than the result (an integer base, a
+    float16 exponent) with the base cast first: ONNX ``Pow`` gives its base's type, and ORT
+    refused the session of the whole region."""
+    dtype = torch.result_type(x, exponent)
+    if x.dtype == dtype:
+        return NotImplemented
+    return torch.pow(x.to(dtype), exponent)
+
+
+def integer_power(x: torch.Tensor, exponent: Any) -> Any:
+    """``x ** k`` of an integer tensor and a constant ``k >= 0`` as products (square and
+    multiply): exact, and wrapping on overflow as PyTorch's kernel does (products modulo
+    2**bits do not depend on their order). ORT's integer ``Pow`` goes through floating point
+    (see :func:`ort_lazy.support._integer_power`)."""
+    if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+        return NotImplemented  # (bool ** k is an int64 power)
+    if not isinstance(exponent, int) or exponent < 0:
+        return NotImplemented
+    if exponent == 0:
+        return torch.ones_like(x)
+    result, base, k = None, x, int(exponent)
+    while k:
+        if k & 1:
+            result = base if result is None else result * base
+        k >>= 1
+        if k:
+            base = base * base
+    assert result is not None
+    return result.clone() if result is x else result
 
 
 def integer_division(a: torch.Tensor, b: Any, rounding_mode: str | None = None) -> Any:
@@ -962,6 +994,21 @@ def batch_norm_no_stats(x: torch.Tensor, *args: Any) -> Any:
     return _torch_decomposition(_aten._native_batch_norm_legit.no_stats, x, *args)
 
 
+def low_precision_random(op: Any) -> Any:
+    """``rand`` / ``randn`` made in float16 or bfloat16: drawn in float32 and rounded, as ORT
+    draws. The exporter's ``RandomUniformLike`` / ``RandomNormalLike`` are typed float32 for
+    float16 (ORT refused the whole region's session) and have no bfloat16 form (left to
+    PyTorch)."""
+
+    def draw(size: Any, *, dtype: Any = None, **kwargs: Any) -> Any:
+        dtype = dtype or torch.get_default_dtype()
+        if dtype not in (torch.float16, torch.bfloat16):
+            return NotImplemented
+        return op(size, dtype=torch.float32, **kwargs).to(dtype)
+
+    return draw
+
+
 def batch_norm_training(
     x: torch.Tensor,
     weight: Any,
@@ -1332,6 +1379,8 @@ DECOMPOSITIONS = {
     _aten.native_batch_norm.default: native_batch_norm,
     _aten._native_batch_norm_legit_functional.default: batch_norm_training,
     _aten._native_batch_norm_legit.no_stats: batch_norm_no_stats,
+    _aten.rand.default: low_precision_random(_aten.rand.default),
+    _aten.randn.default: low_precision_random(_aten.randn.default),
     _aten.native_layer_norm_backward.default: layer_norm_backward,
     _aten._adaptive_avg_pool2d_backward.default: adaptive_avg_pool2d_backward,
     _aten._weight_norm_interface_backward.default: weight_norm_interface_backward,
@@ -1339,6 +1388,8 @@ DECOMPOSITIONS = {
     _aten.fmax.default: nan_ignoring(torch.maximum),
     _aten.fmin.default: nan_ignoring(torch.minimum),
     _aten.hypot.default: hypot,
+    _aten.pow.Tensor_Scalar: integer_power,
+    _aten.pow.Tensor_Tensor: promoted_power,
     _aten.div.Tensor_mode: floor_division_mode,
     _aten.div.Scalar_mode: floor_division_mode,
     _aten.floor_divide.default: float_floor_divide,
