@@ -145,3 +145,62 @@ def test_binary_ops_with_python_numbers(first: torch.dtype) -> None:
             failures.append(f"{name}({first}, {kind}): {problem}")
     assert not failures, "\n".join(failures)
 
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_low_precision_arithmetic_on_python_floats_is_eager_exact_on_cpu(dtype: torch.dtype) -> None:
+    """Eager's CPU kernels multiply and divide a float16/bfloat16 tensor by a Python float in
+    float32 with the number in float32, and add or subtract it rounded to the tensor's type:
+    the same bits on ORT's CPU provider. Before, products and quotients rounded the number
+    first: one step off inside float16's range, and ``x / 1e5`` was 0 (1e5 is infinity in
+    float16)."""
+    numbers = [0.1, 3.7, 1 / 3, 1e-6, 1e5, 7e4, math.pi / 1e6, 1e-30]
+    x = _make(dtype, (64,), 0)
+
+    def fn(x: torch.Tensor) -> list[torch.Tensor]:
+        out = []
+        for s in numbers:
+            out += [x * s, x / s, x + s, x - s, s - x, torch.div(x, s, rounding_mode="floor")]
+        return out
+
+    got, expected = compile_ort(fn)(x), fn(x)
+    failures = [f"{numbers[i // 6]} op {i % 6}" for i, (g, e) in enumerate(zip(got, expected)) if not torch.equal(g, e)]
+    assert not failures, failures
+    assert metrics.counters()["ort_runs"] == 1 and metrics.counters()["fallback_ops"] == 0, metrics.fallbacks()
+
+
+REDUCTIONS: dict[str, Callable[[torch.Tensor, torch.dtype], Any]] = {
+    "sum": lambda x, d: x.sum(1, dtype=d),
+    "sum_all": lambda x, d: x.sum(dtype=d),
+    "mean": lambda x, d: x.mean(1, dtype=d),
+    "mean_all": lambda x, d: x.mean(dtype=d),
+    "prod": lambda x, d: x.prod(1, dtype=d),
+    "cumsum": lambda x, d: x.cumsum(1, dtype=d),
+    "cumprod": lambda x, d: x.cumprod(1, dtype=d),
+    "softmax": lambda x, d: x.softmax(1, dtype=d),
+    "log_softmax": lambda x, d: x.log_softmax(1, dtype=d),
+    "nansum": lambda x, d: x.nansum(1, dtype=d),
+}
+
+
+@pytest.mark.parametrize("first", DTYPES, ids=str)
+def test_reductions_with_a_dtype_argument(first: torch.dtype) -> None:
+    """``dtype=`` casts the input before reducing: an integer tensor's ``mean(dtype=float32)``
+    was averaged as integers and truncated (0.8 came out 0.0) before."""
+    x = _make(first, (4, 5), 0)
+    cases = []
+    for name, op in REDUCTIONS.items():
+        for d in DTYPES:
+            try:
+                cases.append((name, d, op(x, d)))
+            except (RuntimeError, TypeError):
+                continue
+
+    def fn(x: torch.Tensor) -> list[Any]:
+        return [REDUCTIONS[name](x, d) for name, d, _ in cases]
+
+    torch._dynamo.reset()
+    got = compile_ort(fn)(x)
+    assert metrics.counters()["ort_runs"] >= 1, metrics.fallbacks()
+    failures = [f"{name}({first}, dtype={d}): {p}" for (name, d, e), g in zip(cases, got) if (p := _same(g, e))]
+    assert not failures, "\n".join(failures)

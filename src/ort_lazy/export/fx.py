@@ -75,7 +75,7 @@ def translate(gm: torch.fx.GraphModule, name: str = "region", providers: Sequenc
     With ``providers``, float16 / bfloat16 nodes those providers have no kernel for are
     computed in float32 between casts, per op (:func:`~ort_lazy.export.widen.widen_low_precision`).
     """
-    gm = _prepare(gm)
+    gm = _prepare(gm, providers)
     scalars = _exact_double_scalars(gm)
     model = _compat.new_ir_model(name)
     register_own_translations(_compat.onnx_registry())
@@ -293,50 +293,58 @@ def _casts_to_double(model: Any, user: Any, index: int, call: Any = None) -> boo
     return bool(uses) and all(_casts_to_double(model, u[0], u[1], (user, params)) for u in uses)
 
 
-def _prepare(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+def _prepare(gm: torch.fx.GraphModule, providers: Sequence[str] | None = None) -> torch.fx.GraphModule:
     """A copy with explicit type promotion (symbolic numbers typed as the ops reading them
-    compute) and no dead code."""
+    compute, low-precision arithmetic on Python floats as eager computes it)."""
     graph = copy.deepcopy(gm.graph)
     out = torch.fx.GraphModule(gm, graph)
     for node in out.graph.nodes:
         node.meta.pop("stack_trace", None)
     typed_symbolic_scalars(out)
     _explicit_factory_dtypes(out)
-    _wide_half_scalars(out)
+    _wide_low_precision_scalars(out, cpu=bool(providers) and set(providers) == {"CPUExecutionProvider"})
     _compat.insert_type_promotion(out)
     return out
 
 
-#: float16 arithmetic with a Python-float operand (the tensor first)
-_HALF_SCALAR_ARITHMETIC = {
-    _aten.add.Tensor, _aten.add.Scalar, _aten.sub.Tensor, _aten.sub.Scalar, _aten.rsub.Scalar,
+#: float16 / bfloat16 products and quotients with a Python-float operand (the tensor first).
+#: Eager's CPU kernels keep that number in float32 for these; for ``add`` / ``sub`` / ``rsub``
+#: they round it to the tensor's type first, as the translation does, so those are not listed.
+_LOW_PRECISION_SCALAR_ARITHMETIC = {
     _aten.mul.Tensor, _aten.mul.Scalar, _aten.div.Tensor, _aten.div.Scalar,
     _aten.div.Tensor_mode, _aten.div.Scalar_mode,
 }
 _HALF_NORMAL = (float(torch.finfo(torch.float16).tiny), float(torch.finfo(torch.float16).max))
 
 
-def _wide_half_scalars(gm: torch.fx.GraphModule) -> int:
-    """float16 arithmetic on a Python float outside float16's normal range computed in float32
-    (in place; returns how many).
+def _wide_low_precision_scalars(gm: torch.fx.GraphModule, cpu: bool) -> int:
+    """float16 / bfloat16 products and quotients by a Python float the type cannot hold
+    computed in float32 (in place; returns how many).
 
-    Eager computes ``half * s`` in float32 with ``s`` in float32; the translation rounds ``s``
-    to float16 first: ``x / 1e5`` divided by infinity (0 where eager gives x * 1e-5), and a
-    subnormal ``s`` such as ``1e-6`` kept 1-2 digits (1% off). Scalars inside the normal range
-    round to within half a float16 step and stay as they are.
+    Eager computes ``half * s`` and ``half / s`` in float32 with ``s`` in float32 (its "opmath"
+    type); the translation rounds ``s`` to the tensor's type first. For float16 outside its
+    normal range that is wrong outright: ``x / 1e5`` divided by infinity (0 where eager gives
+    x * 1e-5), a subnormal ``s`` such as ``1e-6`` kept 1-2 digits (1% off). Inside the range it
+    costs up to one step of the result (``x * 0.1``). ``cpu``: ORT's CPU provider has no float16 or
+    bfloat16 arithmetic kernels and computes these in float32 between casts anyway, so every
+    inexact ``s`` gets eager's exact result at no cost; other providers have native kernels,
+    and only float16's out-of-range numbers are widened there.
     """
     changed = 0
     low, high = _HALF_NORMAL
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target not in _HALF_SCALAR_ARITHMETIC or len(node.args) < 2:
+        if node.op != "call_function" or node.target not in _LOW_PRECISION_SCALAR_ARITHMETIC or len(node.args) < 2:
             continue
         x, s = node.args[0], node.args[1]
         val = node.meta.get("val")
-        if not isinstance(val, torch.Tensor) or val.dtype != torch.float16 or type(s) is not float:
+        if not isinstance(val, torch.Tensor) or val.dtype not in (torch.float16, torch.bfloat16) or type(s) is not float:
             continue
-        if not isinstance(x, torch.fx.Node) or getattr(x.meta.get("val"), "dtype", None) != torch.float16:
+        if not isinstance(x, torch.fx.Node) or getattr(x.meta.get("val"), "dtype", None) != val.dtype:
             continue
-        if s == 0 or not math.isfinite(s) or low <= abs(s) <= high:
+        if not math.isfinite(s) or float(torch.tensor(s, dtype=val.dtype)) == s:
+            continue  # exact in the tensor's type
+        out_of_range = val.dtype == torch.float16 and s != 0 and not low <= abs(s) <= high
+        if not (cpu or out_of_range):
             continue
         graph = gm.graph
         with graph.inserting_before(node):
@@ -344,7 +352,7 @@ def _wide_half_scalars(gm: torch.fx.GraphModule) -> int:
             wide.meta["val"] = x.meta["val"].to(torch.float32)
             op = graph.call_function(node.target, (wide, s, *node.args[2:]), dict(node.kwargs))
             op.meta["val"] = val.to(torch.float32)
-            back = graph.call_function(_aten._to_copy.default, (op,), {"dtype": torch.float16})
+            back = graph.call_function(_aten._to_copy.default, (op,), {"dtype": val.dtype})
             back.meta["val"] = val
         node.replace_all_uses_with(back)
         graph.erase_node(node)

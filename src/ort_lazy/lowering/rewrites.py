@@ -379,6 +379,19 @@ def hypot(a: torch.Tensor, b: torch.Tensor) -> Any:
     return out.to(dtype)
 
 
+def mean_in_dtype(op: Any) -> Any:
+    """``mean(x, ..., dtype=d)`` with ``x`` cast to ``d`` first, as eager computes it. The
+    exporter averaged in ``x``'s own type and cast the result: an integer tensor's mean came
+    out truncated (0.8 as 0.0), a float16 mean lost float32's digits."""
+
+    def mean(x: torch.Tensor, *args: Any, dtype: Any = None) -> Any:
+        if dtype is None or dtype == x.dtype:
+            return NotImplemented
+        return op(x.to(dtype), *args)
+
+    return mean
+
+
 def promoted_power(x: torch.Tensor, exponent: Any) -> Any:
     """``pow`` of tensors whose base has another dtype than the result (an integer base, a
     float16 exponent) with the base cast first: ONNX ``Pow`` gives its base's type, and ORT
@@ -390,14 +403,13 @@ def promoted_power(x: torch.Tensor, exponent: Any) -> Any:
 
 
 def integer_power(x: torch.Tensor, exponent: Any) -> Any:
-    """``x ** k`` of an integer tensor and a constant ``k >= 0`` as products (square and
+    """``x ** k`` of an integer or bool tensor and a constant ``k >= 0`` as products (square and
     multiply): exact, and wrapping on overflow as PyTorch's kernel does (products modulo
     2**bits do not depend on their order). ORT's integer ``Pow`` goes through floating point
     (see :func:`ort_lazy.support._integer_power`)."""
-    if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
-        return NotImplemented  # (bool ** k is an int64 power)
-    if not isinstance(exponent, int) or exponent < 0:
+    if x.dtype.is_floating_point or x.dtype.is_complex or not isinstance(exponent, int) or exponent < 0:
         return NotImplemented
+    x = x.to(torch.result_type(x, exponent))  # bool ** k is an int64 power
     if exponent == 0:
         return torch.ones_like(x)
     result, base, k = None, x, int(exponent)
@@ -1389,6 +1401,8 @@ DECOMPOSITIONS = {
     _aten.fmin.default: nan_ignoring(torch.minimum),
     _aten.hypot.default: hypot,
     _aten.pow.Tensor_Scalar: integer_power,
+    _aten.mean.default: mean_in_dtype(_aten.mean.default),
+    _aten.mean.dim: mean_in_dtype(_aten.mean.dim),
     _aten.pow.Tensor_Tensor: promoted_power,
     _aten.div.Tensor_mode: floor_division_mode,
     _aten.div.Scalar_mode: floor_division_mode,
