@@ -114,13 +114,16 @@ def _integral(value: Any) -> bool:
     return isinstance(value, int)
 
 
+INTEGER_POWER = "integer powers are computed in floating point"
+
+
 def _integer_power(arguments: dict[str, Any]) -> str | None:
     """ORT computes integer ``Pow`` through floating point: results past 2**53 lose their low
     digits, overflows do not wrap as PyTorch's do, and 0 to a negative power is the type's
     minimum instead of 0. A constant exponent is decomposed into products
     (:func:`~ort_lazy.lowering.rewrites.integer_power`)."""
     if _integral(arguments.get("self")) and _integral(arguments.get("exponent")):
-        return "integer powers are computed in floating point"
+        return INTEGER_POWER
     return None
 
 
@@ -409,6 +412,26 @@ MEMORY_ADDRESSING = {
 }
 
 
+def _torchscript_distrusted(op: str, inputs: Sequence[Any]) -> str | None:
+    """Why the TorchScript exporter's translation of this node is wrong for these inputs (each
+    ``("tensor", dtype, ...)`` or ``("const", value)``), or None."""
+
+    def integral(desc: Any) -> bool:
+        if desc[0] == "tensor":
+            return not (desc[1].is_floating_point or desc[1].is_complex)
+        return isinstance(desc[1], int)
+
+    if op == "aten::pow" and len(inputs) >= 2 and integral(inputs[0]) and integral(inputs[1]):
+        return INTEGER_POWER
+    floats = any(d[0] == "tensor" and d[1].is_floating_point for d in inputs[:2])
+    mode = next((d[1] for d in inputs[2:] if d[0] == "const" and isinstance(d[1], str)), None)
+    if op in ("aten::div", "aten::div_") and floats and mode in ("trunc", "floor"):
+        # trunc: a cast through int64 (wrong beyond its range, for infinities and NaN);
+        # floor: infinity where eager's kernel gives NaN
+        return f"rounding_mode={mode!r} of floating-point values is wrong beyond int64's range or for infinities"
+    return None
+
+
 def torchscript_reason(op: str, overload: str, inputs: Sequence[Any], options: Options, graph: Any) -> str | None:
     """Whether ORT can run a TorchScript node of a bridge group (None) or why not.
 
@@ -425,6 +448,9 @@ def torchscript_reason(op: str, overload: str, inputs: Sequence[Any], options: O
             return excluded
     if op in MEMORY_ADDRESSING:
         return f"{Reason.DISTRUSTED} ({MEMORY_ADDRESSING[op]})"
+    wrong = _torchscript_distrusted(op, inputs)
+    if wrong is not None:
+        return f"{Reason.DISTRUSTED} ({wrong})"
     tensors = [d for d in inputs if d[0] == "tensor"]
     device = next((torch.device(d[3]) for d in tensors if d[3] is not None), None)
     if device is not None and device.type not in _DEVICES:
