@@ -109,8 +109,10 @@ def _low_precision(value: Any) -> bool:
 
 
 def _integral(value: Any) -> bool:
-    if isinstance(value, torch.Tensor):
-        return not (value.dtype.is_floating_point or value.dtype.is_complex)
+    """An integer or bool tensor, dtype or number."""
+    dtype = value.dtype if isinstance(value, torch.Tensor) else value
+    if isinstance(dtype, torch.dtype):
+        return not (dtype.is_floating_point or dtype.is_complex)
     return isinstance(value, int)
 
 
@@ -132,10 +134,10 @@ def _distrusted_when() -> dict[Any, Callable[[dict[str, Any]], str | None]]:
     ignored_divisor = _when("divisor_override", lambda v: v is not None, "divisor_override is ignored by the translation")
     return {
         aten.avg_pool2d.default: ignored_divisor,
+        aten.avg_pool3d.default: ignored_divisor,
         aten.pow.Tensor_Tensor: _integer_power,
         aten.pow.Tensor_Scalar: _integer_power,
         aten.pow.Scalar: _integer_power,
-        aten.avg_pool3d.default: ignored_divisor,
         aten.scatter_reduce.two: _when("reduce", lambda v: v == "mean", "reduce='mean' translation is wrong"),
         # ORT's GridSample interpolates differently in float16 / bfloat16 (2e-2 / 0.16 off eager)
         aten.grid_sampler_2d.default: _when("input", _low_precision, "float16/bfloat16 interpolation differs from eager"),
@@ -415,13 +417,7 @@ MEMORY_ADDRESSING = {
 def _torchscript_distrusted(op: str, inputs: Sequence[Any]) -> str | None:
     """Why the TorchScript exporter's translation of this node is wrong for these inputs (each
     ``("tensor", dtype, ...)`` or ``("const", value)``), or None."""
-
-    def integral(desc: Any) -> bool:
-        if desc[0] == "tensor":
-            return not (desc[1].is_floating_point or desc[1].is_complex)
-        return isinstance(desc[1], int)
-
-    if op == "aten::pow" and len(inputs) >= 2 and integral(inputs[0]) and integral(inputs[1]):
+    if op == "aten::pow" and len(inputs) >= 2 and _integral(inputs[0][1]) and _integral(inputs[1][1]):
         return INTEGER_POWER
     floats = any(d[0] == "tensor" and d[1].is_floating_point for d in inputs[:2])
     mode = next((d[1] for d in inputs[2:] if d[0] == "const" and isinstance(d[1], str)), None)
