@@ -414,6 +414,28 @@ MEMORY_ADDRESSING = {
 }
 
 
+def _distrusted_reason(target: Any, inputs: Sequence[Any]) -> str | None:
+    """:data:`DISTRUSTED` and :data:`DISTRUSTED_WHEN` for a TorchScript node, its inputs given as
+    descriptors (tensors become meta tensors of their dtype and known sizes)."""
+    if target in DISTRUSTED:
+        return f"{Reason.DISTRUSTED} ({DISTRUSTED[target]})"
+    check = DISTRUSTED_WHEN.get(target)
+    if check is None:
+        return None
+
+    def value(desc: Any) -> Any:
+        if desc[0] != "tensor":
+            return desc[1]
+        sizes = desc[2] if isinstance(desc[2], (list, tuple)) else [1] * (desc[2] or 0)
+        return torch.empty(list(sizes), dtype=desc[1], device="meta")
+
+    try:
+        why = check(bound_arguments(target, [value(d) for d in inputs], {}))
+    except Exception:  # a descriptor the check cannot read: the probe decides
+        return None
+    return None if why is None else f"{Reason.DISTRUSTED} ({why})"
+
+
 def _torchscript_distrusted(op: str, inputs: Sequence[Any]) -> str | None:
     """Why the TorchScript exporter's translation of this node is wrong for these inputs (each
     ``("tensor", dtype, ...)`` or ``("const", value)``), or None."""
@@ -441,7 +463,7 @@ def torchscript_reason(op: str, overload: str, inputs: Sequence[Any], options: O
     """
     target = lookup(f"{op}.{overload or 'default'}")
     if isinstance(target, torch._ops.OpOverload):
-        excluded = excluded_reason(target, options)
+        excluded = excluded_reason(target, options) or _distrusted_reason(target, inputs)
         if excluded is not None:
             return excluded
     if op in MEMORY_ADDRESSING:
