@@ -272,6 +272,10 @@ _EDGES = torch.tensor([1e10 + 0.5, -7.5, 3e19, float("inf"), float("nan"), 2.0**
         ("integer power", lambda a, b: (a**b).abs() + a, (torch.tensor([3, 0, 2, 7]), torch.tensor([39, -2, 5, 30]))),
         ("bool to integer power", lambda a, b: (a**b).abs() + b, (torch.tensor([False, True, False]), torch.tensor([-1, 2, 3], dtype=torch.int32))),
         ("float64 log2", lambda a, b: a.abs().log2().neg() + b, (_EDGES[:3], torch.ones(3, dtype=torch.float64))),
+        ("remainder by infinity", lambda a, b: torch.remainder(a, 1e300).neg() + b,
+         (torch.tensor([-1.5, 2.0, 3.0]), torch.ones(1))),
+        ("remainder by an infinite tensor", lambda a, b: torch.remainder(a, b).neg() + a,
+         (torch.tensor([-1.5, 2.0, 3.0]), torch.tensor([float("inf"), float("-inf"), 2.0]))),
         # the checks of the FX path (DISTRUSTED_WHEN) apply too: ORT's AveragePool ignores it
         ("avg_pool divisor_override", lambda a, b: torch.nn.functional.avg_pool2d(a, 2, divisor_override=3).neg() + b,
          (torch.arange(32.0).reshape(2, 1, 4, 4), torch.ones(1))),
@@ -281,7 +285,8 @@ def test_translations_wrong_for_some_values_stay_in_torchscript(ltm, name, fn, a
     """The TorchScript exporter's ``div(rounding_mode='trunc')`` casts through int64 (3e19, inf
     and NaN came back as 9.2e18), its ``floor`` gives infinity where eager gives NaN, and its
     integer ``pow`` goes through floating point (3**39 lost its digits, 0**-2 was INT64_MIN),
-    its float64 ``log2`` divides by ln 2 in float32 (3e-9 off), and ``divisor_override`` was
+    its float64 ``log2`` divides by ln 2 in float32 (3e-9 off), its float ``remainder`` by an
+    infinity is NaN (eager: the dividend or an infinity), and ``divisor_override`` was
     ignored as on the FX path (an average of 4 where eager divides by 3): those nodes
     stay in TorchScript, the rest of the graph runs on ORT."""
     expected = fn(*args)
@@ -292,4 +297,5 @@ def test_translations_wrong_for_some_values_stay_in_torchscript(ltm, name, fn, a
     assert got.dtype == expected.dtype and torch.equal(got.isnan(), expected.isnan())
     assert torch.equal(got.nan_to_num(), expected.nan_to_num()), (got, expected)
     assert metrics.counters()["ort_runs"] > 0, metrics.report()
-    assert any(op.split(".")[1] in ("div", "pow", "log2", "avg_pool2d") for op in metrics.fallbacks()), metrics.fallbacks()
+    kept = ("div", "pow", "log2", "avg_pool2d", "remainder")
+    assert any(op.split(".")[1] in kept for op in metrics.fallbacks()), metrics.fallbacks()

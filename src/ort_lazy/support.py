@@ -443,6 +443,8 @@ def _torchscript_distrusted(op: str, inputs: Sequence[Any]) -> str | None:
         return INTEGER_POWER
     floats = any(d[0] == "tensor" and d[1].is_floating_point for d in inputs[:2])
     mode = next((d[1] for d in inputs[2:] if d[0] == "const" and isinstance(d[1], str)), None)
+    if op in ("aten::remainder", "aten::remainder_") and floats:
+        return "an infinite divisor gives NaN where eager gives the dividend or an infinity"
     if op == "aten::log2" and any(d[0] == "tensor" and d[1] == torch.float64 for d in inputs):
         return "float64 divided by ln 2 rounded to float32"
     if op in ("aten::div", "aten::div_") and floats and mode in ("trunc", "floor"):
