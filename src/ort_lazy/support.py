@@ -109,14 +109,10 @@ def _low_precision(value: Any) -> bool:
 
 
 def _integral(value: Any) -> bool:
-    """An integer or bool tensor, dtype or number."""
-    dtype = value.dtype if isinstance(value, torch.Tensor) else value
-    if isinstance(dtype, torch.dtype):
-        return not (dtype.is_floating_point or dtype.is_complex)
+    """An integer or bool tensor or number."""
+    if isinstance(value, torch.Tensor):
+        return not (value.dtype.is_floating_point or value.dtype.is_complex)
     return isinstance(value, int)
-
-
-INTEGER_POWER = "integer powers are computed in floating point"
 
 
 def _integer_power(arguments: dict[str, Any]) -> str | None:
@@ -125,7 +121,7 @@ def _integer_power(arguments: dict[str, Any]) -> str | None:
     minimum instead of 0. A constant exponent is decomposed into products
     (:func:`~ort_lazy.lowering.rewrites.integer_power`)."""
     if _integral(arguments.get("self")) and _integral(arguments.get("exponent")):
-        return INTEGER_POWER
+        return "integer powers are computed in floating point"
     return None
 
 
@@ -329,13 +325,12 @@ def static_reason(node: torch.fx.Node, options: Options) -> str | None:
         return Reason.UNSUPPORTED_DEVICE
     if target._schema.is_mutable:
         return Reason.MUTATION
-    if target in DISTRUSTED:
-        return f"{Reason.DISTRUSTED} ({DISTRUSTED[target]})"
-    check = DISTRUSTED_WHEN.get(target)
-    if check is not None:
-        why = check({k: torch.fx.node.map_aggregate(v, _meta) for k, v in bound_arguments(target, node.args, node.kwargs).items()})
-        if why is not None:
-            return f"{Reason.DISTRUSTED} ({why})"
+    distrusted = distrust_reason(
+        target,
+        lambda: {k: torch.fx.node.map_aggregate(v, _meta) for k, v in bound_arguments(target, node.args, node.kwargs).items()},
+    )
+    if distrusted is not None:
+        return distrusted
     if target not in registered_ops(options.cache_dir):
         return Reason.NO_MAPPING
     if any(t.dtype not in _CARRIED for t in tensors):
@@ -414,33 +409,36 @@ MEMORY_ADDRESSING = {
 }
 
 
-def _distrusted_reason(target: Any, inputs: Sequence[Any]) -> str | None:
-    """:data:`DISTRUSTED` and :data:`DISTRUSTED_WHEN` for a TorchScript node, its inputs given as
-    descriptors (tensors become meta tensors of their dtype and known sizes)."""
+def distrust_reason(target: Any, arguments: Callable[[], dict[str, Any]]) -> str | None:
+    """Why ``target``'s translation is distrusted (:data:`DISTRUSTED`, or :data:`DISTRUSTED_WHEN`
+    for the bound ``arguments()``, asked only when a check needs them), or None."""
     if target in DISTRUSTED:
         return f"{Reason.DISTRUSTED} ({DISTRUSTED[target]})"
     check = DISTRUSTED_WHEN.get(target)
-    if check is None:
-        return None
+    why = check(arguments()) if check is not None else None
+    return None if why is None else f"{Reason.DISTRUSTED} ({why})"
 
-    def value(desc: Any) -> Any:
-        if desc[0] != "tensor":
-            return desc[1]
-        sizes = desc[2] if isinstance(desc[2], (list, tuple)) else [1] * (desc[2] or 0)
-        return torch.empty(list(sizes), dtype=desc[1], device="meta")
 
+def _descriptor_value(desc: Any) -> Any:
+    """A TorchScript input descriptor as an argument: a tensor as a meta tensor of its dtype and
+    known sizes, a constant as itself."""
+    if desc[0] != "tensor":
+        return desc[1]
+    sizes = desc[2] if isinstance(desc[2], (list, tuple)) else [1] * (desc[2] or 0)
+    return torch.empty(list(sizes), dtype=desc[1], device="meta")
+
+
+def _distrusted_reason(target: Any, inputs: Sequence[Any]) -> str | None:
+    """:func:`distrust_reason` for a TorchScript node, its inputs given as descriptors."""
     try:
-        why = check(bound_arguments(target, [value(d) for d in inputs], {}))
+        return distrust_reason(target, lambda: bound_arguments(target, [_descriptor_value(d) for d in inputs], {}))
     except Exception:  # a descriptor the check cannot read: the probe decides
         return None
-    return None if why is None else f"{Reason.DISTRUSTED} ({why})"
 
 
 def _torchscript_distrusted(op: str, inputs: Sequence[Any]) -> str | None:
     """Why the TorchScript exporter's translation of this node is wrong for these inputs (each
     ``("tensor", dtype, ...)`` or ``("const", value)``), or None."""
-    if op == "aten::pow" and len(inputs) >= 2 and _integral(inputs[0][1]) and _integral(inputs[1][1]):
-        return INTEGER_POWER
     floats = any(d[0] == "tensor" and d[1].is_floating_point for d in inputs[:2])
     mode = next((d[1] for d in inputs[2:] if d[0] == "const" and isinstance(d[1], str)), None)
     if op in ("aten::remainder", "aten::remainder_") and floats:
