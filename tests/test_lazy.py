@@ -299,3 +299,23 @@ def test_translations_wrong_for_some_values_stay_in_torchscript(ltm, name, fn, a
     assert metrics.counters()["ort_runs"] > 0, metrics.report()
     kept = ("div", "pow", "log2", "avg_pool2d", "remainder")
     assert any(op.split(".")[1] in kept for op in metrics.fallbacks()), metrics.fallbacks()
+
+
+def test_failed_exports_print_nothing_and_leave_the_onnx_log_off(ltm, capfd):
+    """A node the TorchScript exporter cannot export stays in TorchScript, quietly: the
+    exporter itself would switch TorchScript's ONNX log on for good and print the graph of
+    every failed export ("Torch IR graph at exception")."""
+    torch._C._jit_set_onnx_log_enabled(False)  # a direct TorchScript export earlier may have set it
+    x_cpu = torch.randn(4, 4)
+    metrics.reset()
+    x = x_cpu.to("lazy")
+    for _ in range(3):  # the profiling executor fuses from the third run
+        y = (x.frac() * 2).abs()
+        ltm.mark_step()
+        got = y.cpu()
+    torch.testing.assert_close(got, (x_cpu.frac() * 2).abs())
+    assert "aten.frac.default" in metrics.fallbacks(), metrics.fallbacks()  # the export failed
+    assert metrics.counters()["ort_runs"] > 0  # the rest ran on ORT
+    out, err = capfd.readouterr()
+    assert "Torch IR graph" not in out + err
+    assert not torch._C._jit_is_onnx_log_enabled()

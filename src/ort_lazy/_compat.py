@@ -273,6 +273,41 @@ def function_from_graph(name: str, graph: Any) -> Any:
     return torch._C._create_function_from_graph(name, graph)
 
 
+@contextlib.contextmanager
+def torchscript_exporter_log_kept() -> Iterator[None]:
+    """Keep the TorchScript exporter from switching on TorchScript's ONNX log.
+
+    Its ``setup_onnx_logging`` (torch 2.13 and 2.14) tests the log-state *function* rather
+    than its result, so every export turns the log on for good and a failed export prints
+    its whole graph ("Torch IR graph at exception") to stdout. During the block the exporter
+    gets a version that honours the setting the process had (on only if it was on).
+    """
+    try:
+        from torch.onnx._internal.torchscript_exporter import utils
+    except ImportError:  # a torch without that module: nothing to keep
+        yield
+        return
+    if not hasattr(utils, "setup_onnx_logging"):
+        yield
+        return
+
+    @contextlib.contextmanager
+    def setting_kept(verbose: bool) -> Iterator[None]:
+        was = torch._C._jit_is_onnx_log_enabled()
+        torch._C._jit_set_onnx_log_enabled(was or bool(verbose))
+        try:
+            yield
+        finally:
+            torch._C._jit_set_onnx_log_enabled(was)
+
+    original = utils.setup_onnx_logging
+    utils.setup_onnx_logging = setting_kept
+    try:
+        yield
+    finally:
+        utils.setup_onnx_logging = original
+
+
 def init_lazy_ts_backend() -> None:
     """Initialise LazyTensor's TorchScript backend."""
     import torch._lazy.ts_backend

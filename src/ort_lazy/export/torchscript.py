@@ -146,7 +146,7 @@ def _export(
     buf = io.BytesIO()
     previous = torch.get_default_dtype()
     try:
-        with no_fusion(), torch.no_grad(), warnings.catch_warnings():
+        with no_fusion(), torch.no_grad(), warnings.catch_warnings(), _compat.torchscript_exporter_log_kept():
             warnings.simplefilter("ignore")
             if default_dtype is not None:
                 torch.set_default_dtype(default_dtype)
