@@ -3,7 +3,8 @@
 dtype, on ORT with eager's results. The class of a float64 graph reading ``n / 3`` rounded to
 float32 (1e-7 off, silently), of ``prims.div(x, n)`` in float64/float16/bfloat16 batch norms
 (ill-typed, left to PyTorch) and of ``Scalar`` overloads that failed to translate a symbolic
-number."""
+number. And views of inputs a graph returns, with symbolic sizes (a column slice came back
+with the wrong elements: AOTAutograd rebuilt it with an ORT output's contiguous strides)."""
 
 from __future__ import annotations
 
@@ -117,3 +118,53 @@ def test_batch_norm_training_with_a_dynamic_batch(dtype: torch.dtype) -> None:
         for a, e in zip(got_step, want_step):
             scale = float(e.double().abs().max())
             assert float((a.double() - e.double()).abs().max()) <= rtol * scale + floor, (dtype, a, e)
+
+
+#: name: a view of x whose sizes or offsets follow x's symbolic sizes (so AOTAutograd cannot
+#: replay it on the input and rebuilds it from the strides of the tensor the graph returns)
+RETURNED_VIEWS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "narrow": lambda x: x.narrow(1, 1, x.shape[1] - 2),
+    "column-slice": lambda x: x[:, : x.shape[1] // 2],
+    "transposed-slice": lambda x: x.t()[1 : x.shape[1] - 1],
+    "expand": lambda x: x[:, :1].expand(x.shape[0], x.shape[1] * 2),
+    "unsqueezed-expand": lambda x: x.unsqueeze(1).expand(x.shape[0], 3, x.shape[1]),
+    "chunk": lambda x: x.split(x.shape[1] // 2, dim=1)[1],
+    "diagonal": lambda x: x.diagonal(offset=x.shape[1] - x.shape[0]),
+    "last-row": lambda x: x[x.shape[0] - 1],
+    "strided-rows": lambda x: x[1::2, 1:],
+}
+
+
+@pytest.mark.parametrize("dynamic", [True, None], ids=["dynamic", "automatic"])
+@pytest.mark.parametrize("grad", [False, True], ids=["no-grad", "grad"])
+@pytest.mark.parametrize("name", list(RETURNED_VIEWS))
+def test_returned_views_of_inputs_with_symbolic_sizes(name: str, grad: bool, dynamic: bool | None) -> None:
+    """A graph returning a view of its input (beside work on ORT), over three input sizes:
+    ``dynamic=True``, and the automatic dynamic shapes a second size brings. The view is
+    eager's, element for element and as a view of the input, and so is its gradient."""
+    view = RETURNED_VIEWS[name]
+
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return view(x), (x.sin() + 1).sum(0)
+
+    torch._dynamo.reset()
+    metrics.reset()
+    compiled = torch.compile(fn, backend="ort", dynamic=dynamic)
+    for i, shape in enumerate(((4, 6), (6, 8), (5, 7))):
+        x = torch.randn(shape, generator=torch.Generator().manual_seed(shape[0]))
+        x_ort = x.clone().requires_grad_(grad)
+        x_eager = x.clone().requires_grad_(grad)
+        got, want = compiled(x_ort), fn(x_eager)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape and torch.allclose(g, w, rtol=1e-6, atol=1e-6), (shape, g, w)
+        assert torch.equal(got[0], want[0])
+        if dynamic or i > 0:  # symbolic sizes: made in PyTorch, a view of the input as eager's
+            assert got[0].untyped_storage().data_ptr() == x_ort.untyped_storage().data_ptr()
+        if grad:
+            weights = [torch.linspace(-1, 1, t.numel()).view(t.shape) for t in want]
+            (g_ort,) = torch.autograd.grad(sum((t * w).sum() for t, w in zip(got, weights)), x_ort)
+            (g_eager,) = torch.autograd.grad(sum((t * w).sum() for t, w in zip(want, weights)), x_eager)
+            torch.testing.assert_close(g_ort, g_eager)
+    c = metrics.counters()
+    assert c["ort_runs"] >= 3 and c["export_failures"] == 0, c
+    torch._dynamo.reset()

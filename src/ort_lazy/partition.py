@@ -52,7 +52,47 @@ def _node_reasons(gm: torch.fx.GraphModule, options: Options, providers: Sequenc
         if node.target is operator.getitem:
             src = node.args[0]
             reasons[node] = reasons.get(src, Reason.NO_MAPPING) if isinstance(src, torch.fx.Node) else Reason.NO_MAPPING
+    for node in _returned_input_views(gm):
+        reasons[node] = Reason.RETURNED_VIEW
     return {n: reasons[n] for n in calls}
+
+
+def _symbolic(value: Any) -> bool:
+    if isinstance(value, torch.SymInt):
+        return True
+    if isinstance(value, torch.Tensor):
+        return any(isinstance(s, torch.SymInt) for s in (*value.shape, *value.stride(), value.storage_offset()))
+    return False
+
+
+def _returned_input_views(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
+    """The view ops leading from a graph input to a graph output, where any has symbolic sizes.
+
+    AOTAutograd rebuilds an output that is a view of an input from the input itself. With
+    symbolic sizes it cannot replay the recorded views, and falls back to ``as_strided`` with
+    the strides of the tensor the graph returned: an ORT output is contiguous where the view
+    was not (a column slice, a transpose, an expand), so the rebuilt output read the wrong
+    elements or out of bounds. Made in PyTorch, the output is the view itself.
+    """
+    found: set[torch.fx.Node] = set()
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    for end in output.all_input_nodes:
+        chain = []
+        node = end
+        while node.op == "call_function" and (
+            node.target is operator.getitem or (isinstance(node.target, torch._ops.OpOverload) and node.target.is_view)
+        ):
+            chain.append(node)
+            if not node.args or not isinstance(node.args[0], torch.fx.Node):
+                break
+            node = node.args[0]
+        if node.op != "placeholder" or not chain:
+            continue
+        if any(
+            _symbolic(n.meta.get("val")) or any(_symbolic(a.meta.get("val")) for a in n.all_input_nodes) for n in chain
+        ):
+            found.update(chain)
+    return found
 
 
 def _record(reasons: dict[torch.fx.Node, str | None]) -> None:
@@ -67,7 +107,7 @@ def _record(reasons: dict[torch.fx.Node, str | None]) -> None:
                 op_name(node.target),
                 f"{reason}: {detail}" if detail else reason,
                 # a default choice, not a limitation: said at info level
-                level=logging.INFO if reason == Reason.PREFERRED else logging.WARNING,
+                level=logging.INFO if reason in (Reason.PREFERRED, Reason.RETURNED_VIEW) else logging.WARNING,
             )
 
 

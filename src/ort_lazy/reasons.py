@@ -24,6 +24,7 @@ class Reason:
     SMALL_REGION = "region smaller than min_block_size"
     AUTOTUNE = "PyTorch was faster for this region (autotune)"
     UNFUSABLE = "TorchScript's fusion pass cannot group this node"
+    RETURNED_VIEW = "a view of a graph input the graph returns, with symbolic sizes (made in PyTorch)"
 
 
 #: a suggested fix per reason (matched as a prefix: reasons may carry details)
@@ -43,6 +44,8 @@ SUGGESTIONS = {
     Reason.SMALL_REGION: "lower min_block_size / ORT_LAZY_MIN_BLOCK_SIZE",
     Reason.MUTATION: "nothing to do: in-place updates of graph inputs (e.g. BatchNorm running stats) stay in PyTorch",
     Reason.AUTOTUNE: "nothing to do: PyTorch measured faster for this region",
+    Reason.RETURNED_VIEW: "nothing to do: a view costs nothing in PyTorch, and AOTAutograd rebuilds such an "
+    "output from the view itself",
     Reason.UNFUSABLE: "nothing to do on the TorchScript / LazyTensor front doors; torch.compile(backend='ort') "
     "runs such nodes on ORT",
 }
