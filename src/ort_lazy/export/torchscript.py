@@ -67,11 +67,21 @@ def export_torchscript(
         raise TorchScriptExportError(f"{name}: the subgraph returns non-tensor values")
     out_names = [f"out_{j}" for j in range(len(outs))]
     wanted = [TORCH_TO_ONNX.get(o.dtype) for o in outs]
-    proto = _export(graph, args, in_names, out_names, name, no_fusion, None)
+    # The exporter types arithmetic between 0-d tensors with the default dtype: in a float64
+    # graph, a product or sum of two 0-d tensors (a loss scale times a gradient of a sum, in
+    # every backward) was computed in float32 and cast back (1e-8 off, silently), and a graph
+    # of only such arithmetic came out float32. Graphs carrying float64 are exported under
+    # float64, unless that export holds float32 values or turns an integer into float64 (0-d
+    # float32 arithmetic and an integer tensor times a Python float are float32 in eager,
+    # and would then be float64): those are exported under the default dtype.
+    float64 = any(t.dtype == torch.float64 for t in (*args, *outs))
+    proto = _export(graph, args, in_names, out_names, name, no_fusion, torch.float64) if float64 else None
+    if proto is None or _default_dtype_matters(proto):
+        proto = _export(graph, args, in_names, out_names, name, no_fusion, None)
     got = _output_types(proto)
     if got != wanted:
-        # The exporter types all-0-d arithmetic with the default dtype (a float64 scalar
-        # graph comes out float32). Exporting under the dtype torch produced fixes that.
+        # a graph of only 0-d arithmetic, typed by the default dtype: exported under the
+        # dtype torch produced
         floats = {o.dtype for o, g, w in zip(outs, got, wanted) if g != w and o.dtype.is_floating_point}
         if len(floats) == 1 and next(iter(floats)) in (torch.float32, torch.float64):
             proto = _export(graph, args, in_names, out_names, name, no_fusion, floats.pop())
@@ -165,6 +175,35 @@ def _export(
     finally:
         torch.set_default_dtype(previous)
     return onnx.load_from_string(buf.getvalue())
+
+
+def _default_dtype_matters(proto: Any) -> bool:
+    """Whether a model exported under float64 holds float32 values or casts an integer or
+    bool value to float64 (where the default dtype may have typed what eager types float32)."""
+    import onnx
+
+    model = onnx.shape_inference.infer_shapes(proto)
+    graph = model.graph
+    types = {v.name: v.type.tensor_type.elem_type for v in (*graph.input, *graph.value_info, *graph.output)}
+    types.update((t.name, t.data_type) for t in graph.initializer)
+    for node in graph.node:
+        if node.op_type == "Constant":
+            for attr in node.attribute:
+                if attr.name == "value":
+                    types[node.output[0]] = attr.t.data_type
+    if onnx.TensorProto.FLOAT in types.values():
+        return True
+    for node in graph.node:
+        if node.op_type != "Cast" or types.get(node.input[0]) not in _INTEGER_TYPES:
+            continue
+        if any(a.name == "to" and a.i == onnx.TensorProto.DOUBLE for a in node.attribute):
+            return True
+    return False
+
+
+_INTEGER_TYPES = {
+    TORCH_TO_ONNX[t] for t in (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+}
 
 
 def _output_types(proto: Any) -> list[int | None]:
