@@ -374,3 +374,36 @@ def test_float64_gradients_through_0_d_scales(ltm):
     for g, e in zip(got, want):
         assert torch.equal(g, e), (g, e)
 
+
+#: graphs on empty tensors: (function, input shapes)
+EMPTY_CASES = {
+    "reshape": (lambda x: (x * 2).reshape(-1, 3).neg(), [(0, 3)]),
+    "view-of-slice": (lambda x: x[:0].view(-1, 3).abs() * 2, [(4, 3)]),
+    "bilinear": (lambda a, b, w: torch.nn.functional.bilinear(a, b, w).neg(), [(0, 3), (0, 4), (5, 3, 4)]),
+    "matmul-sum": (lambda a, b: (a @ b).sum(0).neg(), [(2, 0), (0, 3)]),
+}
+
+
+@pytest.mark.parametrize("name", list(EMPTY_CASES))
+def test_empty_tensors_stay_in_torchscript_without_crashing(ltm, name):
+    """Nodes on empty tensors stay in TorchScript (nothing to compute): the TorchScript
+    exporter's shape inference divides by zero reshaping an empty tensor, which killed the
+    process (SIGFPE) from the backward of ``bilinear`` on an empty batch. Forward and
+    backward as eager's."""
+    fn, shapes = EMPTY_CASES[name]
+    inputs = [torch.randn(s, generator=torch.Generator().manual_seed(i)) for i, s in enumerate(shapes)]
+    ref = [t.clone().requires_grad_() for t in inputs]
+    want = fn(*ref)
+    want_grads = torch.autograd.grad(want.sum(), ref, allow_unused=True)
+    metrics.reset()
+    for _ in range(3):  # the profiling executor fuses from the third run
+        lazy = [t.to("lazy").requires_grad_() for t in inputs]
+        y = fn(*lazy)
+        grads = torch.autograd.grad(y.sum(), lazy, allow_unused=True)
+        ltm.mark_step()
+        got, got_grads = y.cpu(), [g.cpu() if g is not None else None for g in grads]
+    torch.testing.assert_close(got, want.detach())
+    for g, e in zip(got_grads, want_grads):
+        assert (g is None) == (e is None)
+        if g is not None:
+            torch.testing.assert_close(g, e)

@@ -24,6 +24,7 @@ class Reason:
     SMALL_REGION = "region smaller than min_block_size"
     AUTOTUNE = "PyTorch was faster for this region (autotune)"
     UNFUSABLE = "TorchScript's fusion pass cannot group this node"
+    EMPTY = "an empty tensor (nothing to compute)"
     RETURNED_VIEW = "a view of a graph input the graph returns, with symbolic sizes (made in PyTorch)"
 
 
@@ -44,6 +45,7 @@ SUGGESTIONS = {
     Reason.SMALL_REGION: "lower min_block_size / ORT_LAZY_MIN_BLOCK_SIZE",
     Reason.MUTATION: "nothing to do: in-place updates of graph inputs (e.g. BatchNorm running stats) stay in PyTorch",
     Reason.AUTOTUNE: "nothing to do: PyTorch measured faster for this region",
+    Reason.EMPTY: "nothing to do: an op on empty tensors has nothing for ORT to compute",
     Reason.RETURNED_VIEW: "nothing to do: a view costs nothing in PyTorch, and AOTAutograd rebuilds such an "
     "output from the view itself",
     Reason.UNFUSABLE: "nothing to do on the TorchScript / LazyTensor front doors; torch.compile(backend='ort') "

@@ -477,6 +477,9 @@ def torchscript_reason(op: str, overload: str, inputs: Sequence[Any], options: O
         return Reason.UNSUPPORTED_DEVICE
     if any(d[1] not in _CARRIED for d in tensors):
         return Reason.UNSUPPORTED_DTYPE
+    if any(not isinstance(d[2], int) and 0 in d[2] for d in tensors):
+        # and the TorchScript exporter's shape inference divides by zero (SIGFPE) reshaping one
+        return Reason.EMPTY
     providers = tuple(options.resolve_providers(device))
 
     def sig(desc: Sequence[Any]) -> Any:

@@ -56,6 +56,10 @@ def export_torchscript(
     """
     graph = _views_for_copies(graph)
     args = tuple(t.detach() for t in example_inputs)
+    if any(t.numel() == 0 for t in args):
+        # nothing to compute; and the exporter's shape inference divides by zero (SIGFPE,
+        # the process dies) reshaping an empty tensor with a -1 size
+        raise TorchScriptExportError(f"{name}: an input is empty (nothing to compute)")
     in_names = [f"in_{i}" for i in range(len(args))]
     try:
         with no_fusion(), torch.no_grad():
