@@ -125,10 +125,49 @@ def _integer_power(arguments: dict[str, Any]) -> str | None:
     return None
 
 
+def _empty_mean(arguments: dict[str, Any]) -> str | None:
+    """A mean over no elements is NaN in PyTorch; ORT's ``ReduceMean`` (and the translations
+    of variances and mean-reduced losses built on it) gives 0 there. Sizes of 0 are static
+    (dynamo specialises them), so the node is known empty when it is compiled."""
+    value = next((arguments[k] for k in ("self", "input", "inp") if k in arguments), None)
+    if isinstance(value, torch.Tensor) and isinstance(value.numel(), int) and value.numel() == 0:
+        return "a mean over no elements is NaN, ORT's gives 0"
+    return None
+
+
+def _variance(arguments: dict[str, Any]) -> str | None:
+    """``prims.var`` (every variance and standard deviation lowers to it): besides the empty
+    mean, its translation divides by ``N - correction`` where PyTorch divides by
+    ``max(0, N - correction)``: a correction past the count gave a negative variance (a NaN
+    deviation) where eager's is infinite. A symbolic count is trusted for corrections of 0 and 1."""
+    empty = _empty_mean(arguments)
+    if empty is not None:
+        return empty
+    value, dims, correction = arguments.get("inp"), arguments.get("dims"), arguments.get("correction")
+    if not isinstance(value, torch.Tensor) or not isinstance(correction, (int, float)):
+        return None
+    count = 1
+    for d in range(value.dim()) if not dims else dims:
+        count = count * value.shape[d]
+    if isinstance(count, int) and correction <= count or not isinstance(count, int) and correction <= 1:
+        return None
+    return "a correction past the count: the translation divides by a negative count"
+
+
 def _distrusted_when() -> dict[Any, Callable[[dict[str, Any]], str | None]]:
     aten = torch.ops.aten
+    means = [
+        aten.mean.default, aten.mean.dim, aten.var.default, aten.var.dim, aten.var.correction,
+        aten.std.default, aten.std.dim, aten.std.correction, aten.var_mean.default, aten.var_mean.dim,
+        aten.var_mean.correction, aten.std_mean.default, aten.std_mean.dim, aten.std_mean.correction,
+        aten.mse_loss.default, aten.l1_loss.default, aten.smooth_l1_loss.default, aten.huber_loss.default,
+        aten.soft_margin_loss.default, aten.binary_cross_entropy.default,
+        aten.binary_cross_entropy_with_logits.default, aten.kl_div.default,
+    ]
     ignored_divisor = _when("divisor_override", lambda v: v is not None, "divisor_override is ignored by the translation")
     return {
+        **dict.fromkeys(means, _empty_mean),
+        torch.ops.prims.var.default: _variance,
         aten.avg_pool2d.default: ignored_divisor,
         aten.avg_pool3d.default: ignored_divisor,
         aten.pow.Tensor_Tensor: _integer_power,
