@@ -75,9 +75,9 @@ def export_torchscript(
     # graph, a product or sum of two 0-d tensors (a loss scale times a gradient of a sum, in
     # every backward) was computed in float32 and cast back (1e-8 off, silently), and a graph
     # of only such arithmetic came out float32. Graphs carrying float64 are exported under
-    # float64, unless that export holds float32 values or turns an integer into float64 (0-d
-    # float32 arithmetic and an integer tensor times a Python float are float32 in eager,
-    # and would then be float64): those are exported under the default dtype.
+    # float64, unless that export holds float32 values or an integer tensor meeting only a
+    # number (0-d float32 arithmetic and an integer tensor times a Python float are float32
+    # in eager, and would then be float64): those are exported under the default dtype.
     float64 = any(t.dtype == torch.float64 for t in (*args, *outs))
     proto = _export(graph, args, in_names, out_names, name, no_fusion, torch.float64) if float64 else None
     if proto is None or _default_dtype_matters(proto):
@@ -182,26 +182,39 @@ def _export(
 
 
 def _default_dtype_matters(proto: Any) -> bool:
-    """Whether a model exported under float64 holds float32 values or casts an integer or
-    bool value to float64 (where the default dtype may have typed what eager types float32)."""
+    """Whether a model exported under float64 holds float32 values, or an integer tensor meets
+    only numbers in arithmetic: constants or 0-d inputs, which is how LazyTensor passes a
+    Python number (eager types ``int_tensor * 0.1`` float32, the default dtype; an integer
+    meeting a float64 tensor is float64 in both)."""
     import onnx
 
     model = onnx.shape_inference.infer_shapes(proto)
     graph = model.graph
     types = {v.name: v.type.tensor_type.elem_type for v in (*graph.input, *graph.value_info, *graph.output)}
     types.update((t.name, t.data_type) for t in graph.initializer)
+    numbers = {t.name for t in graph.initializer}
+    numbers.update(v.name for v in graph.input if len(v.type.tensor_type.shape.dim) == 0)
     for node in graph.node:
         if node.op_type == "Constant":
+            numbers.update(node.output)
             for attr in node.attribute:
                 if attr.name == "value":
                     types[node.output[0]] = attr.t.data_type
     if onnx.TensorProto.FLOAT in types.values():
         return True
+    widened = {
+        node.output[0]
+        for node in graph.node
+        if node.op_type == "Cast"
+        and types.get(node.input[0]) in _INTEGER_TYPES
+        and any(a.name == "to" and a.i == onnx.TensorProto.DOUBLE for a in node.attribute)
+    }
     for node in graph.node:
-        if node.op_type != "Cast" or types.get(node.input[0]) not in _INTEGER_TYPES:
-            continue
-        if any(a.name == "to" and a.i == onnx.TensorProto.DOUBLE for a in node.attribute):
-            return True
+        operands = [i for i in node.input if i]
+        if types.get(node.output[0]) == onnx.TensorProto.DOUBLE and any(i in widened for i in operands):
+            others = [i for i in operands if i not in widened]
+            if others and all(i in numbers for i in others):
+                return True
     return False
 
 
