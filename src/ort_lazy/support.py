@@ -169,6 +169,7 @@ def _distrusted_when() -> dict[Any, Callable[[dict[str, Any]], str | None]]:
         **dict.fromkeys(means, _empty_mean),
         torch.ops.prims.var.default: _variance,
         aten.avg_pool2d.default: ignored_divisor,
+        aten.avg_pool3d.default: ignored_divisor,
         # ORT's antialiased Resize places align_corners samples elsewhere (0.4-1.7 off eager)
         **dict.fromkeys(
             [
@@ -177,7 +178,6 @@ def _distrusted_when() -> dict[Any, Callable[[dict[str, Any]], str | None]]:
             ],
             _when("align_corners", bool, "antialiased align_corners=True is placed differently by ORT"),
         ),
-        aten.avg_pool3d.default: ignored_divisor,
         aten.pow.Tensor_Tensor: _integer_power,
         aten.pow.Tensor_Scalar: _integer_power,
         aten.pow.Scalar: _integer_power,
