@@ -1,8 +1,9 @@
 """``F.interpolate`` over its modes and parameters, forward and backward, against eager.
 
 The OpInfo suite runs each op's first samples only; antialiased resampling with
-``align_corners=True`` (ORT places its samples elsewhere: 0.4-1.7 off, silently) was beyond
-them. Every combination either runs on ORT with eager's values or stays in PyTorch with its
+``align_corners=True`` (ORT places its samples elsewhere: 0.4-1.7 off, silently) or by a scale
+that is not the ratio of the sizes (``scale_factor=0.75``, the translation used the ratio: 1.1
+off) was beyond them. Every combination either runs on ORT with eager's values or stays in PyTorch with its
 reason named.
 """
 
@@ -31,7 +32,16 @@ MODES = [
 #: size arguments, per spatial rank
 SIZES = {
     1: [dict(size=7), dict(size=23), dict(scale_factor=0.6), dict(scale_factor=2.5, recompute_scale_factor=True)],
-    2: [dict(size=(7, 13)), dict(size=(20, 40)), dict(scale_factor=(0.8, 1.0)), dict(scale_factor=0.5), dict(scale_factor=1.7)],
+    2: [
+        dict(size=(7, 13)),
+        dict(size=(20, 40)),
+        dict(scale_factor=(0.8, 1.0)),
+        dict(scale_factor=0.5),
+        dict(scale_factor=1.7),
+        dict(scale_factor=0.75),  # 7.5 rows: eager samples 1/0.75 apart, not 10/7
+        dict(scale_factor=(0.66, 1.3)),
+        dict(scale_factor=0.75, recompute_scale_factor=True),
+    ],
     3: [dict(size=(3, 7, 5)), dict(scale_factor=2.0), dict(scale_factor=(0.5, 1.5, 1.0))],
 }
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import operator
 import threading
 from collections.abc import Callable, Sequence
@@ -154,6 +155,27 @@ def _variance(arguments: dict[str, Any]) -> str | None:
     return "a correction past the count: the translation divides by a negative count"
 
 
+def _antialiased_resampling(arguments: dict[str, Any]) -> str | None:
+    """Antialiased bilinear / bicubic resampling: ORT's antialiased ``Resize`` places
+    ``align_corners=True`` samples elsewhere, and its translation resamples by the ratio of the
+    sizes where eager uses the scale it is given (``scale_factor=0.75`` of 10 rows: 7 rows
+    sampled 1/0.75 apart, not 10/7): 0.4-2.4 off eager."""
+    if arguments.get("align_corners"):
+        return "antialiased align_corners=True is placed differently by ORT"
+    x = arguments.get("self", arguments.get("input"))
+    scales = arguments.get("scale_factors") or [arguments.get("scales_h"), arguments.get("scales_w")]
+    sizes = arguments.get("output_size")
+    if not isinstance(x, torch.Tensor) or x.dim() < 2:
+        return None
+    for i, (size, scale) in enumerate(zip(x.shape[-2:], scales)):
+        if scale is None:
+            continue
+        out = sizes[i] if sizes else math.floor(size * scale)
+        if not isinstance(size, int) or not isinstance(out, int) or out != size * scale:
+            return "antialiased resampling by a scale other than the sizes' ratio"
+    return None
+
+
 def _distrusted_when() -> dict[Any, Callable[[dict[str, Any]], str | None]]:
     aten = torch.ops.aten
     means = [
@@ -170,13 +192,12 @@ def _distrusted_when() -> dict[Any, Callable[[dict[str, Any]], str | None]]:
         torch.ops.prims.var.default: _variance,
         aten.avg_pool2d.default: ignored_divisor,
         aten.avg_pool3d.default: ignored_divisor,
-        # ORT's antialiased Resize places align_corners samples elsewhere (0.4-1.7 off eager)
         **dict.fromkeys(
             [
                 aten._upsample_bilinear2d_aa.default, aten._upsample_bilinear2d_aa.vec,
                 aten._upsample_bicubic2d_aa.default, aten._upsample_bicubic2d_aa.vec,
             ],
-            _when("align_corners", bool, "antialiased align_corners=True is placed differently by ORT"),
+            _antialiased_resampling,
         ),
         aten.pow.Tensor_Tensor: _integer_power,
         aten.pow.Tensor_Scalar: _integer_power,
