@@ -243,13 +243,19 @@ def test_decomposition_table_keeps_every_listed_op_whole():
     """Whatever op the AOT decomposition table would rewrite, naming it (packet or overload)
     in ``torch_executed_ops`` / ``torch_preferred_ops`` takes it out of the table."""
     from ort_lazy.lowering.decompositions import decomposition_table
-    from ort_lazy.opnames import op_name
+    from ort_lazy.opnames import named_in, op_name
 
     table = decomposition_table()
     names = sorted(op_name(op) for op in table)
     assert "aten.convolution_backward.default" in names and "aten.gelu.default" in names
-    for name in names:
-        assert not {op_name(op) for op in decomposition_table(None, frozenset({name}))} & {name}, name
+    for op in table:  # the table drops what ``named_in`` matches: each op by its overload and packet
+        name = op_name(op)
+        assert named_in(op, frozenset({name})) and named_in(op, frozenset({name.rsplit(".", 1)[0]})), name
+    for name in ("aten.gelu.default", "aten.convolution_backward", names[0], names[-1]):
+        kept = {op_name(op) for op in decomposition_table(None, frozenset({name}))}
+        assert not {n for n in kept if n == name or n.rsplit(".", 1)[0] == name}, name
+        assert len(kept) < len(names), name
+    assert decomposition_table(None, frozenset(names)) == {}
     packets = frozenset(n.rsplit(".", 1)[0] for n in names)
     assert decomposition_table(None, packets) == {}
 
