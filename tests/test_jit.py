@@ -302,3 +302,50 @@ def test_8_threads_x_500_calls_through_the_bridge(ort_jit):
 
     run_in_threads(worker)
     assert metrics.counters()["ort_runs"] >= 8 * 500
+
+
+_F = torch.nn.functional
+#: (function, inputs, op the graph leaves in TorchScript or None: all on ORT)
+_DROPPED_ARGUMENTS = {
+    "softmax to float64": (lambda a: torch.softmax(a, 1, dtype=torch.float64).neg().abs(), torch.randn(3, 5) * 4, "softmax"),
+    "log_softmax to float64": (lambda a: torch.log_softmax(a, 0, dtype=torch.float64).neg().abs(), torch.randn(3, 5) * 4, "log_softmax"),
+    "softmin to float64": (lambda a: _F.softmin(a, 1, dtype=torch.float64).neg().abs(), torch.randn(3, 5) * 4, "softmax"),
+    "log_softmax float64 to float32": (lambda a: torch.log_softmax(a, 1, dtype=torch.float32).neg().abs(),
+                                       torch.randn(3, 5, dtype=torch.float64) * 4, "log_softmax"),
+    "softplus threshold": (lambda a: _F.softplus(a, 3, 0.2).neg().abs(), torch.linspace(-2, 2, 9), "softplus"),
+    "softplus beta and threshold": (lambda a: _F.softplus(a, 0.5, 5).neg().abs(), torch.linspace(-20, 20, 9), "softplus"),
+    # what the exporter does right stays on ORT
+    "softmax to its own type": (lambda a: torch.softmax(a, 1, dtype=torch.float32).neg().abs(), torch.randn(3, 5) * 4, None),
+    "softplus default threshold": (lambda a: _F.softplus(a, 2).neg().abs(), torch.linspace(-20, 20, 9), None),
+}
+
+
+@pytest.mark.parametrize("name", list(_DROPPED_ARGUMENTS))
+def test_arguments_the_exporter_drops_stay_in_torchscript(ort_jit, name):
+    """The TorchScript exporter computes ``softmax``/``log_softmax`` in the input's type and
+    casts the result to ``dtype=`` (eager converts first: float64 results 1e-7 off), and its
+    ``softplus`` ignores ``threshold`` (eager returns x above it: 0.01 off at 0.2). Such nodes
+    stay in TorchScript; the rest of the graph (two ops: one alone is not grouped) runs on ORT."""
+    fn, x, kept = _DROPPED_ARGUMENTS[name]
+    traced = torch.jit.trace(fn, (x,))
+    expected = fn(x)
+    with torch.no_grad():
+        for _ in range(3):
+            got = traced(x)
+    assert got.dtype == expected.dtype
+    if kept is None:
+        assert metrics.fallbacks() == {}, metrics.fallbacks()
+        assert torch.allclose(got, expected, rtol=1e-6, atol=1e-6)
+    else:
+        assert torch.equal(got, expected), (got - expected).abs().max()
+        assert any(op.split(".")[1] == kept for op in metrics.fallbacks()), metrics.fallbacks()
+    assert metrics.counters()["ort_runs"] > 0, metrics.report()
+
+
+def test_scalar_type_codes_are_torchscript_s():
+    """The ``dtype=`` codes the bridge passes are c10's ScalarType numbers."""
+    from torch.onnx._internal.torchscript_exporter._type_utils import JitScalarType
+
+    from ort_lazy.support import _SCALAR_TYPES
+
+    assert {code: JitScalarType.from_dtype(dtype) for code, dtype in _SCALAR_TYPES.items()} == {c: c for c in _SCALAR_TYPES}

@@ -276,6 +276,16 @@ _EDGES = torch.tensor([1e10 + 0.5, -7.5, 3e19, float("inf"), float("nan"), 2.0**
          (torch.tensor([-1.5, 2.0, 3.0]), torch.ones(1))),
         ("remainder by an infinite tensor", lambda a, b: torch.remainder(a, b).neg() + a,
          (torch.tensor([-1.5, 2.0, 3.0]), torch.tensor([float("inf"), float("-inf"), 2.0]))),
+        ("softmax to float64", lambda a, b: torch.softmax(a, 1, dtype=torch.float64).neg() + b,
+         (torch.randn(3, 5) * 4, torch.ones(1, dtype=torch.float64))),
+        ("log_softmax to float64", lambda a, b: torch.log_softmax(a, 0, dtype=torch.float64).neg() + b,
+         (torch.randn(3, 5) * 4, torch.ones(1, dtype=torch.float64))),
+        ("softmin to float64", lambda a, b: torch.nn.functional.softmin(a, 1, dtype=torch.float64).neg() + b,
+         (torch.randn(3, 5) * 4, torch.ones(1, dtype=torch.float64))),
+        ("softplus threshold", lambda a, b: torch.nn.functional.softplus(a, 3, 0.2).neg() + b,
+         (torch.linspace(-2, 2, 9), torch.ones(1))),
+        ("softplus threshold float64", lambda a, b: torch.nn.functional.softplus(a, 0.5, 5).neg() + b,
+         (torch.linspace(-20, 20, 9, dtype=torch.float64), torch.ones(1, dtype=torch.float64))),
         # the checks of the FX path (DISTRUSTED_WHEN) apply too: ORT's AveragePool ignores it
         ("avg_pool divisor_override", lambda a, b: torch.nn.functional.avg_pool2d(a, 2, divisor_override=3).neg() + b,
          (torch.arange(32.0).reshape(2, 1, 4, 4), torch.ones(1))),
@@ -297,7 +307,7 @@ def test_translations_wrong_for_some_values_stay_in_torchscript(ltm, name, fn, a
     assert got.dtype == expected.dtype and torch.equal(got.isnan(), expected.isnan())
     assert torch.equal(got.nan_to_num(), expected.nan_to_num()), (got, expected)
     assert metrics.counters()["ort_runs"] > 0, metrics.report()
-    kept = ("div", "pow", "log2", "avg_pool2d", "remainder")
+    kept = ("div", "pow", "log2", "avg_pool2d", "remainder", "softmax", "log_softmax", "softplus")
     assert any(op.split(".")[1] in kept for op in metrics.fallbacks()), metrics.fallbacks()
 
 

@@ -504,6 +504,15 @@ def _distrusted_reason(target: Any, inputs: Sequence[Any]) -> str | None:
         return None
 
 
+#: c10's ScalarType codes (how a TorchScript graph passes a ``dtype=`` argument)
+_SCALAR_TYPES = {
+    0: torch.uint8, 1: torch.int8, 2: torch.int16, 3: torch.int32, 4: torch.int64, 5: torch.float16,
+    6: torch.float32, 7: torch.float64, 11: torch.bool, 15: torch.bfloat16,
+}
+#: ``softplus``'s default threshold
+_SOFTPLUS_THRESHOLD = 20
+
+
 def _torchscript_distrusted(op: str, inputs: Sequence[Any]) -> str | None:
     """Why the TorchScript exporter's translation of this node is wrong for these inputs (each
     ``("tensor", dtype, ...)`` or ``("const", value)``), or None."""
@@ -513,6 +522,16 @@ def _torchscript_distrusted(op: str, inputs: Sequence[Any]) -> str | None:
         return "an infinite divisor gives NaN where eager gives the dividend or an infinity"
     if op == "aten::log2" and any(d[0] == "tensor" and d[1] == torch.float64 for d in inputs):
         return "float64 divided by ln 2 rounded to float32"
+    if op in ("aten::softmax", "aten::log_softmax") and len(inputs) > 2 and inputs[2][0] == "const":
+        wanted = _SCALAR_TYPES.get(inputs[2][1]) if isinstance(inputs[2][1], int) else inputs[2][1]
+        if wanted is not None and inputs[0][0] == "tensor" and wanted != inputs[0][1]:
+            # eager converts first; the exporter computes in the input's type and casts the result
+            return f"dtype={wanted} converts the result of a {inputs[0][1]} softmax, not its input"
+    if (op == "aten::softplus" and len(inputs) > 2 and inputs[2][0] == "const"
+            and isinstance(inputs[2][1], (int, float)) and inputs[2][1] < _SOFTPLUS_THRESHOLD):
+        # eager returns x where beta * x > threshold; the exporter's Softplus ignores it (at the
+        # default of 20 the two differ by exp(-20) / beta at most)
+        return f"threshold={inputs[2][1]} is ignored (eager returns x above it)"
     if op in ("aten::div", "aten::div_") and floats and mode in ("trunc", "floor"):
         # trunc: a cast through int64 (wrong beyond its range, for infinities and NaN);
         # floor: infinity where eager's kernel gives NaN
