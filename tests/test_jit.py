@@ -305,6 +305,7 @@ def test_8_threads_x_500_calls_through_the_bridge(ort_jit):
 
 
 _F = torch.nn.functional
+_X64 = torch.randn(4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 3
 #: (function, inputs, op the graph leaves in TorchScript or None: all on ORT)
 _DROPPED_ARGUMENTS = {
     "softmax to float64": (lambda a: torch.softmax(a, 1, dtype=torch.float64).neg().abs(), torch.randn(3, 5) * 4, "softmax"),
@@ -314,7 +315,14 @@ _DROPPED_ARGUMENTS = {
                                        torch.randn(3, 5, dtype=torch.float64) * 4, "log_softmax"),
     "softplus threshold": (lambda a: _F.softplus(a, 3, 0.2).neg().abs(), torch.linspace(-2, 2, 9), "softplus"),
     "softplus beta and threshold": (lambda a: _F.softplus(a, 0.5, 5).neg().abs(), torch.linspace(-20, 20, 9), "softplus"),
+    "float64 addmm alpha and beta": (lambda a: torch.addmm(a, a, a.t(), alpha=0.6, beta=0.2).neg().abs(), _X64, "addmm"),
+    "float64 hardswish": (lambda a: _F.hardswish(a).neg().abs(), _X64, "hardswish"),
+    "float64 batch_norm eps": (lambda a: _F.batch_norm(a, a[0] * 0, a[0] * 0 + 0.01, eps=0.3).neg().abs(), _X64, "batch_norm"),
+    "float64 batch_norm training eps": (lambda a: _F.batch_norm(a, None, None, training=True, eps=0.3).neg().abs(), _X64, "batch_norm"),
+    "float64 layer_norm eps": (lambda a: _F.layer_norm(a, (4,), eps=0.3).neg().abs(), _X64, "layer_norm"),
     # what the exporter does right stays on ORT
+    "float64 addmm": (lambda a: torch.addmm(a, a, a.t(), alpha=0.5, beta=2).neg().abs(), _X64, None),
+    "float64 layer_norm exact eps": (lambda a: _F.layer_norm(a, (4,), eps=0.25).neg().abs(), _X64, None),
     "softmax to its own type": (lambda a: torch.softmax(a, 1, dtype=torch.float32).neg().abs(), torch.randn(3, 5) * 4, None),
     "softplus default threshold": (lambda a: _F.softplus(a, 2).neg().abs(), torch.linspace(-20, 20, 9), None),
 }
@@ -323,8 +331,10 @@ _DROPPED_ARGUMENTS = {
 @pytest.mark.parametrize("name", list(_DROPPED_ARGUMENTS))
 def test_arguments_the_exporter_drops_stay_in_torchscript(ort_jit, name):
     """The TorchScript exporter computes ``softmax``/``log_softmax`` in the input's type and
-    casts the result to ``dtype=`` (eager converts first: float64 results 1e-7 off), and its
-    ``softplus`` ignores ``threshold`` (eager returns x above it: 0.01 off at 0.2). Such nodes
+    casts the result to ``dtype=`` (eager converts first: float64 results 1e-7 off), its
+    ``softplus`` ignores ``threshold`` (eager returns x above it: 0.01 off at 0.2), and it holds
+    float64 ``addmm``'s alpha/beta and the norms' eps in float32 attributes (and float64
+    ``hardswish``'s constants in float32): 1e-9 to 3e-7 off. Such nodes
     stay in TorchScript; the rest of the graph (two ops: one alone is not grouped) runs on ORT."""
     fn, x, kept = _DROPPED_ARGUMENTS[name]
     traced = torch.jit.trace(fn, (x,))

@@ -14,6 +14,7 @@ import functools
 import json
 import math
 import operator
+import struct
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -509,6 +510,23 @@ _SCALAR_TYPES = {
     0: torch.uint8, 1: torch.int8, 2: torch.int16, 3: torch.int32, 4: torch.int64, 5: torch.float16,
     6: torch.float32, 7: torch.float64, 11: torch.bool, 15: torch.bfloat16,
 }
+#: TorchScript ops whose translation holds their float arguments (``alpha``, ``beta``, ``eps``)
+#: in ONNX float attributes (Gemm, BatchNormalization, LayerNormalization): float32
+_FLOAT_ATTRIBUTE_OPS = frozenset({
+    "aten::addmm", "aten::batch_norm", "aten::native_batch_norm", "aten::_native_batch_norm_legit",
+    "aten::_native_batch_norm_legit_no_training", "aten::layer_norm", "aten::native_layer_norm",
+    "aten::instance_norm", "aten::group_norm", "aten::native_group_norm",
+})
+
+
+def _float32_exact(value: float) -> bool:
+    """Whether a Python float survives a round trip through float32."""
+    try:
+        return math.isnan(value) or struct.unpack("f", struct.pack("f", value))[0] == value
+    except OverflowError:  # beyond float32's range
+        return False
+
+
 #: ``softplus``'s default threshold
 _SOFTPLUS_THRESHOLD = 20
 
@@ -532,6 +550,12 @@ def _torchscript_distrusted(op: str, inputs: Sequence[Any]) -> str | None:
         # eager returns x where beta * x > threshold; the exporter's Softplus ignores it (at the
         # default of 20 the two differ by exp(-20) / beta at most)
         return f"threshold={inputs[2][1]} is ignored (eager returns x above it)"
+    if any(d[0] == "tensor" and d[1] == torch.float64 for d in inputs):
+        if op == "aten::hardswish":
+            return "float64 computed with float32 constants"
+        inexact = next((d[1] for d in inputs if d[0] == "const" and isinstance(d[1], float) and not _float32_exact(d[1])), None)
+        if op in _FLOAT_ATTRIBUTE_OPS and inexact is not None:
+            return f"a float64 computation reads {inexact} rounded to float32 (an ONNX float attribute)"
     if op in ("aten::div", "aten::div_") and floats and mode in ("trunc", "floor"):
         # trunc: a cast through int64 (wrong beyond its range, for infinities and NaN);
         # floor: infinity where eager's kernel gives NaN
