@@ -320,7 +320,11 @@ _DROPPED_ARGUMENTS = {
     "float64 batch_norm eps": (lambda a: _F.batch_norm(a, a[0] * 0, a[0] * 0 + 0.01, eps=0.3).neg().abs(), _X64, "batch_norm"),
     "float64 batch_norm training eps": (lambda a: _F.batch_norm(a, None, None, training=True, eps=0.3).neg().abs(), _X64, "batch_norm"),
     "float64 layer_norm eps": (lambda a: _F.layer_norm(a, (4,), eps=0.3).neg().abs(), _X64, "layer_norm"),
+    "var correction past the count": (lambda a: torch.var(a[:2], dim=0, correction=5).neg().abs(), _X64.float(), "var"),
+    "std fractional correction": (lambda a: torch.std(a, dim=(1,), correction=1.3).neg().abs(), _X64.float(), "std"),
     # what the exporter does right stays on ORT
+    "var unbiased": (lambda a: torch.var(a, 1, unbiased=True).neg().abs(), _X64.float(), None),
+    "std correction 2": (lambda a: torch.std(a, dim=(0, 1), correction=2, keepdim=True).neg().abs(), _X64.float(), None),
     "float64 addmm": (lambda a: torch.addmm(a, a, a.t(), alpha=0.5, beta=2).neg().abs(), _X64, None),
     "float64 layer_norm exact eps": (lambda a: _F.layer_norm(a, (4,), eps=0.25).neg().abs(), _X64, None),
     "softmax to its own type": (lambda a: torch.softmax(a, 1, dtype=torch.float32).neg().abs(), torch.randn(3, 5) * 4, None),
@@ -334,7 +338,9 @@ def test_arguments_the_exporter_drops_stay_in_torchscript(ort_jit, name):
     casts the result to ``dtype=`` (eager converts first: float64 results 1e-7 off), its
     ``softplus`` ignores ``threshold`` (eager returns x above it: 0.01 off at 0.2), and it holds
     float64 ``addmm``'s alpha/beta and the norms' eps in float32 attributes (and float64
-    ``hardswish``'s constants in float32): 1e-9 to 3e-7 off. Such nodes
+    ``hardswish``'s constants in float32): 1e-9 to 3e-7 off; its variance truncates a
+    fractional correction and divides by ``N - correction`` past the count (eager: by 0, so
+    inf, where the exporter gave a positive number). Such nodes
     stay in TorchScript; the rest of the graph (two ops: one alone is not grouped) runs on ORT."""
     fn, x, kept = _DROPPED_ARGUMENTS[name]
     traced = torch.jit.trace(fn, (x,))

@@ -531,6 +531,30 @@ def _float32_exact(value: float) -> bool:
 _SOFTPLUS_THRESHOLD = 20
 
 
+def _correction_problem(inputs: Sequence[Any]) -> str | None:
+    """Why the TorchScript exporter's variance (``var``/``std``[``_mean``], given as
+    ``(self, unbiased)``, ``(self, dim, unbiased, keepdim)`` or ``(self, dim, correction,
+    keepdim)``) is wrong: it divides by ``N - correction`` with the correction made an integer,
+    where eager divides by ``max(0, N - correction)`` (``prims.var``'s check on the FX side)."""
+    if inputs[0][0] != "tensor" or len(inputs) < 2:
+        return None
+    dims, given = (None, inputs[1]) if len(inputs) == 2 else (inputs[1], inputs[2])
+    if given[0] != "const" or (dims is not None and dims[0] != "const"):
+        return None
+    correction = 1.0 if given[1] is None else float(given[1])
+    if correction != int(correction):
+        return f"a fractional correction ({correction}) is truncated"
+    sizes = inputs[0][2]
+    if not isinstance(sizes, (list, tuple)):
+        return None if correction <= 1 else f"correction={correction:g} may pass the element count"
+    axes = dims[1] if dims is not None else None
+    axes = [axes] if isinstance(axes, int) else axes
+    count = math.prod(sizes[a % len(sizes)] for a in axes) if axes else math.prod(sizes)
+    if correction > count:
+        return f"correction={correction:g} passes the element count ({count}): eager divides by 0, not a negative number"
+    return None
+
+
 def _torchscript_distrusted(op: str, inputs: Sequence[Any]) -> str | None:
     """Why the TorchScript exporter's translation of this node is wrong for these inputs (each
     ``("tensor", dtype, ...)`` or ``("const", value)``), or None."""
@@ -550,6 +574,10 @@ def _torchscript_distrusted(op: str, inputs: Sequence[Any]) -> str | None:
         # eager returns x where beta * x > threshold; the exporter's Softplus ignores it (at the
         # default of 20 the two differ by exp(-20) / beta at most)
         return f"threshold={inputs[2][1]} is ignored (eager returns x above it)"
+    if op in ("aten::var", "aten::std", "aten::var_mean", "aten::std_mean"):
+        why = _correction_problem(inputs)
+        if why is not None:
+            return why
     if any(d[0] == "tensor" and d[1] == torch.float64 for d in inputs):
         if op == "aten::hardswish":
             return "float64 computed with float32 constants"
