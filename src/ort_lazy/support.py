@@ -519,7 +519,7 @@ _FLOAT_ATTRIBUTE_OPS = frozenset({
 })
 
 
-def _float32_exact(value: float) -> bool:
+def float32_exact(value: float) -> bool:
     """Whether a Python float survives a round trip through float32."""
     try:
         return math.isnan(value) or struct.unpack("f", struct.pack("f", value))[0] == value
@@ -581,7 +581,7 @@ def _torchscript_distrusted(op: str, inputs: Sequence[Any]) -> str | None:
     if any(d[0] == "tensor" and d[1] == torch.float64 for d in inputs):
         if op == "aten::hardswish":
             return "float64 computed with float32 constants"
-        inexact = next((d[1] for d in inputs if d[0] == "const" and isinstance(d[1], float) and not _float32_exact(d[1])), None)
+        inexact = next((d[1] for d in inputs if d[0] == "const" and isinstance(d[1], float) and not float32_exact(d[1])), None)
         if op in _FLOAT_ATTRIBUTE_OPS and inexact is not None:
             return f"a float64 computation reads {inexact} rounded to float32 (an ONNX float attribute)"
     if op in ("aten::div", "aten::div_") and floats and mode in ("trunc", "floor"):

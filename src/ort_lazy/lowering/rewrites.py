@@ -23,6 +23,7 @@ import torch.fx
 import torch.nn.functional as F
 
 from .. import _compat
+from ..support import float32_exact
 from .distances import DISTANCE_DECOMPOSITIONS
 from .guards import _once
 from .indexing import INDEXING_DECOMPOSITIONS
@@ -858,6 +859,35 @@ def celu(x: torch.Tensor, alpha: float = 1.0) -> Any:
     return torch.where(x > 0, x, expm1(x * (1.0 / float(alpha))) * float(alpha))
 
 
+def _scaled_product(product_of: Any) -> Any:
+    """``addmm``, ``addmv``, ``addbmm``, ``baddbmm``, ``addr`` (``beta * self + alpha *
+    product``) of floats where the translation is wrong: ``beta=0`` ignores ``self`` in eager
+    (NaN and inf in it are not propagated; the translation multiplied them by 0: NaN), and
+    float64 ``alpha``/``beta`` that float32 cannot hold are products in float64 (the
+    translation's Gemm holds them in float32 attributes: 1e-8 to 2e-7 off)."""
+
+    def decompose(self: Any, a: Any, b: Any, *, beta: Any = 1, alpha: Any = 1) -> Any:
+        if (
+            not isinstance(self, torch.Tensor)
+            or not self.is_floating_point()
+            or not isinstance(beta, (int, float))
+            or not isinstance(alpha, (int, float))
+        ):
+            return NotImplemented
+        inexact = self.dtype == torch.float64 and not (float32_exact(float(beta)) and float32_exact(float(alpha)))
+        if beta != 0 and not inexact:
+            return NotImplemented
+        product = product_of(a, b)
+        if alpha != 1:
+            product = product * alpha
+        if beta == 0:
+            return product
+        return self * beta + product
+
+    decompose.__doc__ = _scaled_product.__doc__
+    return decompose
+
+
 @_float64_only
 def gelu_tanh(x: torch.Tensor, approximate: str = "none") -> Any:
     """The tanh form of ``gelu`` with float64 constants (the erf form is :func:`gelu`)."""
@@ -1438,6 +1468,11 @@ DECOMPOSITIONS = {
     _aten.hardswish.default: hardswish,
     _aten.celu.default: celu,
     _aten.lerp.Scalar: lerp_scalar,
+    _aten.addmm.default: _scaled_product(torch.mm),
+    _aten.addmv.default: _scaled_product(torch.mv),
+    _aten.addbmm.default: _scaled_product(lambda a, b: torch.bmm(a, b).sum(0)),
+    _aten.baddbmm.default: _scaled_product(torch.bmm),
+    _aten.addr.default: _scaled_product(torch.outer),
     _aten.copy.default: broadcast_copy,
     _aten.addcmul.default: _pointwise_with_value(divide=False),
     _aten.addcdiv.default: _pointwise_with_value(divide=True),
