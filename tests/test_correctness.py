@@ -458,6 +458,8 @@ _EXTREME = [
         ("log10", lambda x: torch.log10(x.abs())),
         ("sinc", torch.sinc),
         ("linspace", lambda x: torch.linspace(0, 1.1, 11, dtype=torch.float64) + x),
+        ("embedding max_norm", lambda x: F.embedding(torch.tensor([[1, 4], [4, 0]]), x[:10].reshape(5, 2).clone(), max_norm=0.3)),
+        ("embedding max_norm p=1", lambda x: F.embedding(torch.tensor([3, 1]), x[:10].reshape(5, 2).clone(), max_norm=1.1, norm_type=1.0)),
         # the same Python float also filling a float32 tensor: that one stays float32's 1.1
         ("and float32 beside it", lambda x: torch.full_like(x, 1.1) + torch.full_like(x.float(), 1.1).double()),
     )),

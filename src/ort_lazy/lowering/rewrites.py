@@ -889,6 +889,18 @@ def _scaled_product(product_of: Any) -> Any:
 
 
 @_float64_only
+def embedding_renorm(weight: torch.Tensor, indices: torch.Tensor, max_norm: float, norm_type: float) -> Any:
+    """The rows ``indices`` names whose norm passes ``max_norm``, scaled by ``max_norm / (norm +
+    1e-7)`` as eager's kernel does, with float64 constants (the translation's max_norm was
+    float32: 1e-8 off)."""
+    flat = indices.reshape(-1)
+    rows = weight[flat]
+    norms = torch.linalg.vector_norm(rows, norm_type, dim=-1, keepdim=True)
+    scale = torch.where(norms > max_norm, max_norm / (norms + 1e-7), torch.ones_like(norms))
+    return torch.index_put(weight, (flat,), rows * scale)
+
+
+@_float64_only
 def gelu_tanh(x: torch.Tensor, approximate: str = "none") -> Any:
     """The tanh form of ``gelu`` with float64 constants (the erf form is :func:`gelu`)."""
     if approximate != "tanh":
@@ -1468,6 +1480,7 @@ DECOMPOSITIONS = {
     _aten.hardswish.default: hardswish,
     _aten.celu.default: celu,
     _aten.lerp.Scalar: lerp_scalar,
+    _aten.embedding_renorm.default: embedding_renorm,
     _aten.addmm.default: _scaled_product(torch.mm),
     _aten.addmv.default: _scaled_product(torch.mv),
     _aten.addbmm.default: _scaled_product(lambda a, b: torch.bmm(a, b).sum(0)),
