@@ -167,3 +167,22 @@ def test_python_dispatcher_only_with_a_shape_environment():
     mode, _ = _symbolic_fake(2)
     with _compat.python_dispatcher(mode):
         assert torch._C._dispatch_tls_is_dispatch_key_included(torch._C.DispatchKey.PythonDispatcher)
+
+
+def test_static_int_reads_numbers_and_constant_symbolic_ints():
+    """``_compat.static_int``: ints as themselves, a symbolic int whose expression is a number
+    (the element count of a (0, s0) batch) as that number, a free symbolic int as None."""
+    seen = []
+
+    def capture(gm, example_inputs):
+        values = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
+        seen.extend(v for v in values if isinstance(v, torch.Tensor))
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(lambda x, y: x.sum() + y.sum(), backend=capture, dynamic=True)(torch.zeros(0, 5), torch.zeros(3, 4))
+    torch._dynamo.reset()
+    empty, full = seen
+    assert _compat.static_int(7) == 7
+    assert not isinstance(empty.numel(), int) and _compat.static_int(empty.numel()) == 0
+    assert _compat.static_int(full.numel()) is None

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 __all__ = [
+    "static_int",
     "SUPPORTED_TORCH",
     "torch_version",
     "check_torch_version",
@@ -259,6 +260,16 @@ def python_dispatcher(fake_mode: Any) -> contextlib.AbstractContextManager[Any]:
     from torch._dispatch.python import enable_python_dispatcher
 
     return enable_python_dispatcher()
+
+
+def static_int(value: Any) -> int | None:
+    """``value`` as an int when it is one or a symbolic int whose expression is a number
+    (``0 * s0``, the element count of an empty batch under dynamic shapes); None otherwise."""
+    if isinstance(value, int):
+        return value
+    from torch.fx.experimental.symbolic_shapes import is_concrete_int
+
+    return int(value) if isinstance(value, torch.SymInt) and is_concrete_int(value) else None
 
 
 def new_fake_mode() -> Any:

@@ -132,7 +132,7 @@ def _empty_mean(arguments: dict[str, Any]) -> str | None:
     of variances and mean-reduced losses built on it) gives 0 there. Sizes of 0 are static
     (dynamo specialises them), so the node is known empty when it is compiled."""
     value = next((arguments[k] for k in ("self", "input", "inp") if k in arguments), None)
-    if isinstance(value, torch.Tensor) and isinstance(value.numel(), int) and value.numel() == 0:
+    if isinstance(value, torch.Tensor) and _compat.static_int(value.numel()) == 0:
         return "a mean over no elements is NaN, ORT's gives 0"
     return None
 
@@ -148,10 +148,11 @@ def _variance(arguments: dict[str, Any]) -> str | None:
     value, dims, correction = arguments.get("inp"), arguments.get("dims"), arguments.get("correction")
     if not isinstance(value, torch.Tensor) or not isinstance(correction, (int, float)):
         return None
-    count = 1
+    size: Any = 1
     for d in range(value.dim()) if not dims else dims:
-        count = count * value.shape[d]
-    if isinstance(count, int) and correction <= count or not isinstance(count, int) and correction <= 1:
+        size = size * value.shape[d]
+    count = _compat.static_int(size)
+    if count is not None and correction <= count or count is None and correction <= 1:
         return None
     return "a correction past the count: the translation divides by a negative count"
 
@@ -277,7 +278,7 @@ def _preferred_when() -> dict[Any, Callable[[torch.fx.Node], bool]]:
 
     def large(node: torch.fx.Node) -> bool:
         out = _meta(node)
-        return isinstance(out, torch.Tensor) and isinstance(out.numel(), int) and out.numel() > LARGE_SELECT
+        return isinstance(out, torch.Tensor) and (_compat.static_int(out.numel()) or 0) > LARGE_SELECT
 
     def runtime_weight(node: torch.fx.Node) -> bool:
         return bool(node.meta.get(RUNTIME_WEIGHT, False))
