@@ -365,3 +365,26 @@ def test_scalar_type_codes_are_torchscript_s():
     from ort_lazy.support import _SCALAR_TYPES
 
     assert {code: JitScalarType.from_dtype(dtype) for code, dtype in _SCALAR_TYPES.items()} == {c: c for c in _SCALAR_TYPES}
+
+
+def test_float64_export_without_shape_inference_still_runs_on_ort(ort_jit, monkeypatch):
+    """If ONNX shape inference fails on a float64 export, the group is exported under the
+    default dtype (as before float64 exports) and still runs on ORT, not in TorchScript."""
+    import sys
+
+    import onnx
+
+    infer = onnx.shape_inference.infer_shapes
+
+    def broken(*args, **kwargs):
+        if sys._getframe(1).f_code.co_name == "_default_dtype_matters":
+            raise RuntimeError("shape inference broke")
+        return infer(*args, **kwargs)
+
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", broken)
+    fn = _fresh_seed()
+    x = torch.tensor([-1.0, 1.0, 2.5], dtype=torch.float64)
+    results, runs = _calls_until_ort(fn, x)
+    assert runs[-1] - runs[-2] == 1, runs
+    assert results[-1].dtype == torch.float64 and torch.allclose(results[-1], _seed(x))
+    assert metrics.counters()["export_failures"] == 0, metrics.report()

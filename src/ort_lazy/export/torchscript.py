@@ -188,7 +188,10 @@ def _default_dtype_matters(proto: Any) -> bool:
     meeting a float64 tensor is float64 in both)."""
     import onnx
 
-    model = onnx.shape_inference.infer_shapes(proto)
+    try:
+        model = onnx.shape_inference.infer_shapes(proto)
+    except Exception:  # types unknown: the default dtype's export, as before float64 exports
+        return True
     graph = model.graph
     types = {v.name: v.type.tensor_type.elem_type for v in (*graph.input, *graph.value_info, *graph.output)}
     types.update((t.name, t.data_type) for t in graph.initializer)
