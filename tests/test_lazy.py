@@ -370,7 +370,34 @@ FLOAT64_BACKWARDS = {
     "mean": lambda x, y: (x * y).mean(),
     "norm": lambda x, y: x.norm() + y.sum(),
     "dist": lambda x, y: torch.dist(x, y),
+    # a 0-d deviation times an integer count (a number LazyTensor passes as a 0-d int64)
 }
+
+
+@pytest.mark.parametrize("name", ["std_mean", "var_mean"])
+def test_float64_gradient_of_a_deviation_over_all_elements(ltm, name):
+    """The backward of a 0-d deviation divides by the deviation times the element count (an
+    integer LazyTensor passes as a 0-d int64 tensor): both 0-d, computed in float32 under the
+    structural check (5e-9 off). No integer tensor of rank 1 or more meets a number in such a
+    graph (a 0-d integer is taken for such a number), so it is exported under float64."""
+    op = getattr(torch, name)
+    x0 = torch.randn(5, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    w = torch.tensor(-0.75, dtype=torch.float64)
+
+    def grad(device):
+        x = x0.to(device).requires_grad_()
+        out = op(x, 0, unbiased=False)
+        (g,) = torch.autograd.grad((out[0] if isinstance(out, tuple) else out) * w.to(device), x)
+        if device == "lazy":
+            ltm.mark_step()
+        return g.cpu()
+
+    want = grad("cpu")
+    metrics.reset()
+    for _ in range(3):
+        got = grad("lazy")
+    assert metrics.counters()["ort_runs"] > 0
+    assert float((got - want).abs().max()) <= 1e-14, (got, want)
 
 
 @pytest.mark.parametrize("name", list(FLOAT64_BACKWARDS))

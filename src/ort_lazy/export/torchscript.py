@@ -182,10 +182,10 @@ def _export(
 
 
 def _default_dtype_matters(proto: Any) -> bool:
-    """Whether a model exported under float64 holds float32 values, or an integer tensor meets
-    only numbers in arithmetic: constants or 0-d inputs, which is how LazyTensor passes a
-    Python number (eager types ``int_tensor * 0.1`` float32, the default dtype; an integer
-    meeting a float64 tensor is float64 in both)."""
+    """Whether a model exported under float64 holds float32 values, or an integer tensor (of
+    rank 1 or more) meets only numbers in arithmetic: constants or 0-d inputs, which is how
+    LazyTensor passes a Python number (eager types ``int_tensor * 0.1`` float32, the default
+    dtype; an integer meeting a float64 tensor is float64 in both)."""
     import onnx
 
     try:
@@ -193,7 +193,9 @@ def _default_dtype_matters(proto: Any) -> bool:
     except Exception:  # types unknown: the default dtype's export, as before float64 exports
         return True
     graph = model.graph
-    types = {v.name: v.type.tensor_type.elem_type for v in (*graph.input, *graph.value_info, *graph.output)}
+    values = (*graph.input, *graph.value_info, *graph.output)
+    types = {v.name: v.type.tensor_type.elem_type for v in values}
+    ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in values if v.type.tensor_type.HasField("shape")}
     types.update((t.name, t.data_type) for t in graph.initializer)
     numbers = {t.name for t in graph.initializer}
     numbers.update(v.name for v in graph.input if len(v.type.tensor_type.shape.dim) == 0)
@@ -205,11 +207,15 @@ def _default_dtype_matters(proto: Any) -> bool:
                     types[node.output[0]] = attr.t.data_type
     if onnx.TensorProto.FLOAT in types.values():
         return True
+    # an integer tensor widened to DOUBLE; a 0-d one is taken for a number (the element count
+    # a deviation's backward divides by: float64 in eager), not an integer tensor meeting a
+    # Python float (``torch.tensor(3) * 0.1``, rarer; float32 in eager, float64 here)
     widened = {
         node.output[0]
         for node in graph.node
         if node.op_type == "Cast"
         and types.get(node.input[0]) in _INTEGER_TYPES
+        and ranks.get(node.input[0]) != 0
         and any(a.name == "to" and a.i == onnx.TensorProto.DOUBLE for a in node.attribute)
     }
     for node in graph.node:
