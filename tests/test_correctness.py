@@ -1065,3 +1065,21 @@ def test_attention_softmax_is_one_softmax_unless_a_row_is_masked() -> None:
     branches = {a.name: a.g for n in graph.node if n.op_type == "If" for a in n.attribute}
     assert [n.op_type for n in branches["else_branch"].node if n.op_type != "Identity"] == ["Softmax"]
     assert "Where" not in full_size and "Max" not in full_size, full_size  # the guard sits in the then branch
+
+
+def test_float64_hardsigmoid_gradient_is_eager_s() -> None:
+    """Eager's float64 ``hardsigmoid`` backward scales by a float32 sixth; torch's reference
+    decomposition by a float64 one (7e-9 off). The gradient on ORT is eager's, bit for bit."""
+    x0 = torch.linspace(-4, 4, 17, dtype=torch.float64)
+    w = torch.linspace(-1, 2, 17, dtype=torch.float64)
+
+    def grad(fn):
+        x = x0.clone().requires_grad_()
+        (g,) = torch.autograd.grad((fn(x) * w).sum(), x)
+        return g
+
+    want = grad(F.hardsigmoid)
+    got = grad(compile_ort(F.hardsigmoid))
+    # the backward on ORT (ORT has no float64 HardSigmoid: the forward stays in PyTorch)
+    assert metrics.counters()["ort_runs"] >= 1 and set(metrics.fallbacks()) <= {"aten.hardsigmoid.default"}, metrics.report()
+    assert torch.equal(got, want), (got - want).abs().max()

@@ -888,6 +888,19 @@ def _scaled_product(product_of: Any) -> Any:
     return decompose
 
 
+#: eager's ``hardsigmoid_backward`` scales by ``1.0f / 6.0f``, a float32 sixth, in float64 too
+_FLOAT32_SIXTH = 0.1666666716337204
+
+
+def hardsigmoid_backward(grad_output: torch.Tensor, self: torch.Tensor) -> Any:
+    """float64 ``hardsigmoid`` gradients scaled by eager's float32 sixth (torch's reference
+    decomposition uses a float64 sixth: 7e-9 off eager's)."""
+    if not isinstance(grad_output, torch.Tensor) or grad_output.dtype != torch.float64:
+        return NotImplemented
+    inside = (self > -3.0) & (self < 3.0)
+    return torch.where(inside, grad_output * _FLOAT32_SIXTH, torch.zeros_like(grad_output))
+
+
 @_float64_only
 def embedding_renorm(weight: torch.Tensor, indices: torch.Tensor, max_norm: float, norm_type: float) -> Any:
     """The rows ``indices`` names whose norm passes ``max_norm``, scaled by ``max_norm / (norm +
@@ -1481,6 +1494,7 @@ DECOMPOSITIONS = {
     _aten.celu.default: celu,
     _aten.lerp.Scalar: lerp_scalar,
     _aten.embedding_renorm.default: embedding_renorm,
+    _aten.hardsigmoid_backward.default: hardsigmoid_backward,
     _aten.addmm.default: _scaled_product(torch.mm),
     _aten.addmv.default: _scaled_product(torch.mv),
     _aten.addbmm.default: _scaled_product(lambda a, b: torch.bmm(a, b).sum(0)),
