@@ -542,11 +542,13 @@ def _correction_problem(inputs: Sequence[Any]) -> str | None:
     dims, given = (None, inputs[1]) if len(inputs) == 2 else (inputs[1], inputs[2])
     if given[0] != "const" or (dims is not None and dims[0] != "const"):
         return None
+    if not isinstance(given[1], (int, float, type(None))):
+        return None
     correction = 1.0 if given[1] is None else float(given[1])
-    if correction != int(correction):
+    if not math.isfinite(correction) or correction != int(correction):
         return f"a fractional correction ({correction}) is truncated"
     sizes = inputs[0][2]
-    if not isinstance(sizes, (list, tuple)):
+    if not isinstance(sizes, (list, tuple)) or not all(isinstance(n, int) for n in sizes):
         return None if correction <= 1 else f"correction={correction:g} may pass the element count"
     axes = dims[1] if dims is not None else None
     axes = [axes] if isinstance(axes, int) else axes
