@@ -546,7 +546,7 @@ def _correction_problem(inputs: Sequence[Any]) -> str | None:
         return None
     correction = 1.0 if given[1] is None else float(given[1])
     if not math.isfinite(correction) or correction != int(correction):
-        return f"a fractional correction ({correction}) is truncated"
+        return f"a correction that is not a whole number ({correction}) is truncated"
     sizes = inputs[0][2]
     if not isinstance(sizes, (list, tuple)) or not all(isinstance(n, int) for n in sizes):
         return None if correction <= 1 else f"correction={correction:g} may pass the element count"
