@@ -535,6 +535,9 @@ _SIGN_CASES = [
     # quadrants, zeros and infinities: atan2(0.0, -5.0) was -pi (the phase of a negative real)
     *((f"{str(dt)[6:]} atan2", torch.atan2, (_ATAN2_Y.to(dt), _ATAN2_X.to(dt))) for dt in _FLOATS[1:]),
     ("atan2 of ints", torch.atan2, (torch.tensor([0, 3, -3, 0, 2]), torch.tensor([-5, 0, 0, 0, -2]))),
+    # -0.0 selected from Where's second branch behind a `!=` (Not + Where, which ORT's
+    # NotWhereFusion swapped into the first branch: quirks.NOT_WHERE_FUSION)
+    ("where != keeps the second branch's sign", lambda a, b: torch.where(b != 0, a * 2, a), (_SIGNED, _SIGNED.abs().floor())),
 ]
 
 
@@ -769,6 +772,20 @@ def test_replication_padding_trains_on_ort(shape, pad) -> None:
 
 def test_unfold_of_an_empty_batch() -> None:
     _assert_exact_on_ort("unfold", lambda t: F.unfold(t, 2, 1, 0, (1, 2)), (torch.randn(0, 1, 5, 5),))
+
+
+@pytest.mark.parametrize("fn", [torch.expm1, torch.log1p], ids=["expm1", "log1p"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_expm1_and_log1p_keep_the_sign_of_zero(fn, dtype) -> None:
+    """Their lowerings keep x where the result is x (small arguments) by selecting it from
+    Where's second branch behind a ``!=``; ORT's NotWhereFusion had swapped it first (+0.0 for
+    -0.0). Values to a few ulps (the lowerings are not eager's kernels), signs of zero exact."""
+    x = _SIGNED.to(dtype)
+    expected = fn(x)
+    got = compile_ort(fn)(x)
+    assert metrics.counters()["ort_runs"] >= 1 and metrics.counters()["fallback_ops"] == 0, metrics.fallbacks()
+    torch.testing.assert_close(got, expected, equal_nan=True)
+    assert torch.equal(torch.signbit(got[expected == 0]), torch.signbit(expected[expected == 0])), (got, expected)
 
 
 # -- 14. the ReLU gradient without ORT's Where: exact, non-finite gradients and signed zeros ------

@@ -14,6 +14,7 @@ from onnx import TensorProto, helper
 from helpers import assert_close, assert_ran_on_ort, captured_exports, compile_ort
 from ort_lazy.runtime.quirks import (
     MATMUL_TRANSPOSE_FUSION,
+    NOT_WHERE_FUSION,
     SKIP_LAYER_NORM_FUSION,
     WHERE_DROPS_NEGATIVE_ZERO,
     disabled_optimizers,
@@ -108,6 +109,30 @@ def test_where_still_drops_the_sign_of_a_negative_zero_from_its_first_branch() -
     assert not np.signbit(z[0]), (
         f"onnxruntime {ort.__version__} keeps the sign of a -0.0 Where selects: WHERE_DROPS_NEGATIVE_ZERO can go"
     )
+
+
+def test_not_where_fusion_still_moves_the_second_branch_first_and_ort_lazy_turns_it_off() -> None:
+    """``Where(Not(c), x, y)`` becomes ``Where(c, y, x)``: a -0.0 in ``y`` then comes from the
+    first branch and loses its sign (WHERE_DROPS_NEGATIVE_ZERO)."""
+    graph = helper.make_graph(
+        [helper.make_node("Not", ["c"], ["n"]), helper.make_node("Where", ["n", "x", "y"], ["z"])],
+        "g",
+        [
+            helper.make_tensor_value_info("c", TensorProto.BOOL, [2]),
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [2]),
+        ],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
+    feeds = {"c": np.array([True, False]), "x": np.array([1.0, 2.0], np.float32), "y": np.array([-0.0, 3.0], np.float32)}
+    fused = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    assert not np.signbit(fused[0]), (
+        f"onnxruntime {ort.__version__} keeps the sign through NotWhereFusion: NOT_WHERE_FUSION can go"
+    )
+    assert NOT_WHERE_FUSION in disabled_optimizers(model)
+    kept = ort.InferenceSession(model, providers=["CPUExecutionProvider"], disabled_optimizers=[NOT_WHERE_FUSION]).run(None, feeds)[0]
+    assert np.signbit(kept[0]) and kept[1] == 2.0
 
 
 def _optimized_ops(model: bytes, path: str, **kwargs: object) -> set[str]:

@@ -18,6 +18,7 @@ __all__ = [
     "SKIP_LAYER_NORM_FUSION",
     "INT64_REDUCTIONS_IN_DOUBLE",
     "WHERE_DROPS_NEGATIVE_ZERO",
+    "NOT_WHERE_FUSION",
     "missing_at_run_time",
 ]
 
@@ -54,12 +55,23 @@ INT64_REDUCTIONS_IN_DOUBLE = ("ReduceSum", "ReduceProd")
 WHERE_DROPS_NEGATIVE_ZERO = "Where"
 
 
+#: ORT's NotWhereFusion turns ``Where(Not(c), x, y)`` into ``Where(c, y, x)``: the value in the
+#: second branch moves to the first, where :data:`WHERE_DROPS_NEGATIVE_ZERO` drops its sign.
+#: Every ``torch.where(a != b, ..., x)`` exports as ``Not(Equal)``, so the lowerings that keep a
+#: -0.0 by selecting it from the second branch (``expm1``, ``log1p``) gave +0.0 for -0.0, as did a
+#: user's ``torch.where(a != b, y, x)`` with -0.0 in ``x``. Sessions of models holding both ops run
+#: without that optimizer (it saves one elementwise Not).
+NOT_WHERE_FUSION = "NotWhereFusion"
+
+
 def disabled_optimizers(model_bytes: bytes, providers: Sequence[str] = ("CPUExecutionProvider",)) -> list[str]:
     """ORT graph optimizers to switch off for this model run by ``providers`` (in ORT's order
     of preference; see the module's entries)."""
     disabled = []
     if providers and providers[0] == "CPUExecutionProvider" and b"LayerNormalization" in model_bytes:
         disabled.append(SKIP_LAYER_NORM_FUSION)
+    if b"Where" in model_bytes and b"Not" in model_bytes:
+        disabled.append(NOT_WHERE_FUSION)
     if b"MatMul" in model_bytes:  # cheap pre-check: most models need no parsing
         import onnx
 
