@@ -89,10 +89,10 @@ def test_int64_reduce_sum_and_prod_still_go_through_double_in_this_onnxruntime()
     )
 
 
-def test_where_still_drops_the_sign_of_a_negative_zero_from_its_first_branch() -> None:
-    """ort-lazy's copysign multiplies by +-1 instead (tested in test_correctness, signed zeros)."""
+def _selection(nodes: list) -> bytes:
+    """A model of ``nodes`` from a bool ``c`` and floats ``x``, ``y`` (2 elements) to ``z``."""
     graph = helper.make_graph(
-        [helper.make_node(WHERE_DROPS_NEGATIVE_ZERO, ["c", "x", "y"], ["z"])],
+        nodes,
         "g",
         [
             helper.make_tensor_value_info("c", TensorProto.BOOL, [2]),
@@ -101,7 +101,12 @@ def test_where_still_drops_the_sign_of_a_negative_zero_from_its_first_branch() -
         ],
         [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2])],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
+
+
+def test_where_still_drops_the_sign_of_a_negative_zero_from_its_first_branch() -> None:
+    """ort-lazy's copysign multiplies by +-1 instead (tested in test_correctness, signed zeros)."""
+    model = _selection([helper.make_node(WHERE_DROPS_NEGATIVE_ZERO, ["c", "x", "y"], ["z"])])
     session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
     c = np.array([True, False])
     z = session.run(None, {"c": c, "x": np.array([-0.0, 1.0], np.float32), "y": np.array([2.0, -0.0], np.float32)})[0]
@@ -114,17 +119,7 @@ def test_where_still_drops_the_sign_of_a_negative_zero_from_its_first_branch() -
 def test_not_where_fusion_still_moves_the_second_branch_first_and_ort_lazy_turns_it_off() -> None:
     """``Where(Not(c), x, y)`` becomes ``Where(c, y, x)``: a -0.0 in ``y`` then comes from the
     first branch and loses its sign (WHERE_DROPS_NEGATIVE_ZERO)."""
-    graph = helper.make_graph(
-        [helper.make_node("Not", ["c"], ["n"]), helper.make_node("Where", ["n", "x", "y"], ["z"])],
-        "g",
-        [
-            helper.make_tensor_value_info("c", TensorProto.BOOL, [2]),
-            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
-            helper.make_tensor_value_info("y", TensorProto.FLOAT, [2]),
-        ],
-        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2])],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
+    model = _selection([helper.make_node("Not", ["c"], ["n"]), helper.make_node("Where", ["n", "x", "y"], ["z"])])
     feeds = {"c": np.array([True, False]), "x": np.array([1.0, 2.0], np.float32), "y": np.array([-0.0, 3.0], np.float32)}
     fused = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     assert not np.signbit(fused[0]), (

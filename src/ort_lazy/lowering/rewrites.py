@@ -750,7 +750,8 @@ def _accurate_log1p(x: torch.Tensor) -> torch.Tensor:
 
 def log1p(x: torch.Tensor) -> Any:
     """``log1p`` accurate for small ``x`` in float32 / float64: the exporter's ``Log(1 + x)`` is 0
-    for ``|x|`` below the dtype's epsilon (``log1p(1e-10)`` gave 0 in float32). float16 / bfloat16 in float32, rounded once."""
+    for ``|x|`` below the dtype's epsilon (``log1p(1e-10)`` gave 0 in float32). float16 /
+    bfloat16 in float32, rounded once."""
     if x.dtype in _HALF:
         return _accurate_log1p(x.float()).to(x.dtype)
     if x.dtype not in (torch.float32, torch.float64):
@@ -1191,7 +1192,8 @@ def layer_norm_backward(
 def gelu(x: torch.Tensor, approximate: str = "none") -> Any:
     """``aten.gelu`` (erf form, float32/64) as ``x * (1 + erf(x / sqrt(2))) * 0.5``: the pattern
     ORT's optimizer fuses into its single-pass Gelu kernel (the exporter's whole-op translation
-    multiplies in an order ORT does not recognise: five elementwise passes)."""
+    multiplies in an order ORT does not recognise: five elementwise passes). float16 / bfloat16,
+    both forms, in float32 rounded once."""
     if x.dtype in _HALF and approximate in ("none", "tanh"):
         # eager computes in float32 and rounds once; step by step in float16 / bfloat16, 1 + erf
         # cancels for negative x (gelu(-2.5) 2% off in float16, 6% in bfloat16)
