@@ -345,7 +345,12 @@ def test_gelu_decomposition_matches_and_is_fused_by_ort(tmp_path) -> None:
     # the tanh form is rewritten for float64 only (float64 constants), other dtypes keep theirs
     torch.testing.assert_close(lowering.gelu(x, "tanh"), torch.nn.functional.gelu(x, approximate="tanh"), rtol=1e-12, atol=1e-12)
     assert lowering.gelu(x.float(), "tanh") is NotImplemented
-    assert lowering.gelu(x.half()) is NotImplemented
+    # float16 / bfloat16 both forms in float32, rounded once, as eager's kernels
+    for half in (torch.float16, torch.bfloat16):
+        for form in ("none", "tanh"):
+            got = lowering.gelu(x.to(half), form)
+            assert got.dtype == half
+            torch.testing.assert_close(got, torch.nn.functional.gelu(x.to(half), approximate=form))
 
     models = _inference_on_ort(nn.Sequential(nn.Linear(16, 32), nn.GELU()).eval(), torch.randn(4, 16))
     so = ort.SessionOptions()
