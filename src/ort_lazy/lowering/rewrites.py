@@ -914,7 +914,7 @@ def hardsigmoid_backward(grad_output: torch.Tensor, self: torch.Tensor) -> Any:
     """float64 ``hardsigmoid`` gradients scaled by eager's float32 sixth (torch's reference
     decomposition, used for the other dtypes, scales by a float64 sixth: 7e-9 off eager's)."""
     if not isinstance(grad_output, torch.Tensor) or grad_output.dtype != torch.float64:
-        return torch._decomp.decomposition_table[_aten.hardsigmoid_backward.default](grad_output, self)
+        return _torch_decomposition(_aten.hardsigmoid_backward.default, grad_output, self)
     inside = (self > -3.0) & (self < 3.0)
     return torch.where(inside, grad_output * _FLOAT32_SIXTH, torch.zeros_like(grad_output))
 
