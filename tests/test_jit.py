@@ -6,6 +6,7 @@ import logging
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from helpers import bridge_marks, run_in_threads
 from ort_lazy import metrics
@@ -388,3 +389,18 @@ def test_float64_export_without_shape_inference_still_runs_on_ort(ort_jit, monke
     assert runs[-1] - runs[-2] == 1, runs
     assert results[-1].dtype == torch.float64 and torch.allclose(results[-1], _seed(x))
     assert metrics.counters()["export_failures"] == 0, metrics.report()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_sigmoid_tails_are_eager_s(ort_jit, dtype):
+    """ORT's CPU Sigmoid is an absolute approximation (0 below -18 in float32, -37 in float64):
+    sessions of every front door get the exact form (``runtime/quirks.exact_sigmoid``), so
+    ``log(sigmoid(x))`` is x far out, not -inf."""
+    x = torch.linspace(-80, 30, 111, dtype=dtype)
+    traced = torch.jit.trace(lambda t: torch.log(torch.sigmoid(t)) + F.silu(t), (x,))
+    with torch.no_grad():
+        for _ in range(3):
+            got = traced(x)
+    assert metrics.counters()["ort_runs"] > 0 and metrics.fallbacks() == {}, metrics.report()
+    expected = torch.log(torch.sigmoid(x)) + F.silu(x)
+    assert torch.allclose(got, expected, rtol=4 * torch.finfo(dtype).eps, atol=0), (got - expected).abs().max()

@@ -15,9 +15,12 @@ from helpers import assert_close, assert_ran_on_ort, captured_exports, compile_o
 from ort_lazy.runtime.quirks import (
     MATMUL_TRANSPOSE_FUSION,
     NOT_WHERE_FUSION,
+    SIGMOID_APPROXIMATION,
     SKIP_LAYER_NORM_FUSION,
     WHERE_DROPS_NEGATIVE_ZERO,
+    _exact_sigmoids,
     disabled_optimizers,
+    exact_sigmoid,
 )
 
 
@@ -156,3 +159,93 @@ def test_residual_layer_norm_is_fused_by_default_and_ort_lazy_keeps_it_unfused_o
     assert "LayerNormalization" in ops and "SkipLayerNormalization" not in ops, ops
     assert SKIP_LAYER_NORM_FUSION in disabled_optimizers(model)
     assert SKIP_LAYER_NORM_FUSION not in disabled_optimizers(model, ("CUDAExecutionProvider", "CPUExecutionProvider"))
+
+
+_SIGMOID_ARGUMENTS = np.array([-120, -100, -88, -40, -30, -20, -17, -16, -15, -12, -10, -5, -1, -0.0, 0, 1, 5, 17, 30, 120])
+
+
+def _sigmoid_model(elem_type: int, in_function: bool = False) -> bytes:
+    """``y = Sigmoid(x)`` of ``elem_type`` (in a local function); bfloat16 between float32 edges
+    (numpy has no bfloat16)."""
+    opsets = [helper.make_opsetid("", 18)]
+    functions = []
+    edge = TensorProto.FLOAT if elem_type == TensorProto.BFLOAT16 else elem_type
+    nodes = [helper.make_node("Cast", ["x"], ["a"], to=elem_type)]
+    if in_function:
+        functions.append(helper.make_function("local", "Logistic", ["a"], ["b"], [helper.make_node("Sigmoid", ["a"], ["b"])], opsets))
+        opsets.append(helper.make_opsetid("local", 1))
+        nodes.append(helper.make_node("Logistic", ["a"], ["b"], domain="local"))
+    else:
+        nodes.append(helper.make_node(SIGMOID_APPROXIMATION, ["a"], ["b"]))
+    nodes.append(helper.make_node("Cast", ["b"], ["y"], to=edge))
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", edge, None)], [helper.make_tensor_value_info("y", edge, None)]
+    )
+    return helper.make_model(graph, opset_imports=opsets, functions=functions).SerializeToString()
+
+
+def _sigmoid_steps(model: bytes, dtype: torch.dtype) -> float:
+    """The largest distance from float64 sigmoid, in steps of ``dtype``, of ``model`` on the CPU."""
+    x = torch.tensor(_SIGMOID_ARGUMENTS, dtype=dtype)
+    feed = (x.float() if dtype == torch.bfloat16 else x).numpy()
+    session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    got = torch.from_numpy(session.run(None, {"x": feed})[0]).to(dtype).double()
+    want = torch.sigmoid(x.double())
+    # eager's own values are within a step or two; subnormal results count as one step
+    step = (torch.finfo(dtype).eps * want.abs()).clamp(min=torch.finfo(dtype).tiny)
+    return float(((got - want).abs() / step).max())
+
+
+_ONNX_TYPES = {
+    torch.float32: TensorProto.FLOAT,
+    torch.float64: TensorProto.DOUBLE,
+    torch.float16: TensorProto.FLOAT16,
+    torch.bfloat16: TensorProto.BFLOAT16,
+}
+
+
+def test_cpu_sigmoid_is_still_an_absolute_approximation_in_this_onnxruntime() -> None:
+    for dtype in (torch.float32, torch.float64):
+        steps = _sigmoid_steps(_sigmoid_model(_ONNX_TYPES[dtype]), dtype)
+        assert steps > 1e3, (
+            f"onnxruntime {ort.__version__}'s {dtype} Sigmoid is within {steps} steps of sigmoid in the tails: "
+            "quirks.exact_sigmoid may go for this version"
+        )
+
+
+def test_ort_lazy_replaces_every_sigmoid_on_the_cpu_provider() -> None:
+    """Float types, half types computed in float32, inside a local function, of unknown type (a
+    CastLike):
+    each within four steps of the type everywhere on the CPU provider; other providers and
+    models without a Sigmoid keep their bytes."""
+    for dtype, elem in _ONNX_TYPES.items():
+        untyped = onnx.load_from_string(_sigmoid_model(elem))
+        assert _exact_sigmoids(untyped.graph, {}, [0]) == 1  # as if inference could not type x
+        for model in (_sigmoid_model(elem), _sigmoid_model(elem, in_function=True), untyped.SerializeToString()):
+            exact = exact_sigmoid(model)
+            assert SIGMOID_APPROXIMATION not in {n.op_type for n in onnx.load_from_string(exact).graph.node}
+            assert _sigmoid_steps(exact, dtype) <= 4, dtype
+    model = _sigmoid_model(TensorProto.FLOAT)
+    assert exact_sigmoid(model, ("CUDAExecutionProvider", "CPUExecutionProvider")) is model
+    assert exact_sigmoid(_transposed_matvec()) == _transposed_matvec()
+
+
+def test_silu_becomes_one_division() -> None:
+    """``Mul(x, Sigmoid(x))`` (the translation of silu) becomes ``x / (1 + exp(-x))``: four
+    passes, not five; a Sigmoid read elsewhere too keeps its own Reciprocal."""
+    for dtype, elem in ((torch.float32, TensorProto.FLOAT), (torch.float16, TensorProto.FLOAT16)):
+        nodes = [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["x", "s"], ["y"])]
+        value = lambda name, elem=elem: helper.make_tensor_value_info(name, elem, None)  # noqa: E731
+        graph = helper.make_graph(nodes, "g", [value("x")], [value("y")])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
+        exact = onnx.load_from_string(exact_sigmoid(model))
+        assert [n.op_type for n in exact.graph.node if n.op_type not in ("Cast", "Constant")] == ["Neg", "Exp", "Add", "Div"]
+        x = torch.tensor(_SIGMOID_ARGUMENTS, dtype=dtype)
+        got = torch.from_numpy(ort.InferenceSession(exact.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})[0])
+        want = torch.nn.functional.silu(x.double())
+        step = (torch.finfo(dtype).eps * want.abs()).clamp(min=torch.finfo(dtype).tiny)
+        assert float(((got.double() - want).abs() / step).max()) <= 4
+        graph.output.append(value("s"))  # the Sigmoid is read twice
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
+        ops = [n.op_type for n in onnx.load_from_string(exact_sigmoid(model)).graph.node]
+        assert "Reciprocal" in ops and "Mul" in ops and "Sigmoid" not in ops

@@ -19,6 +19,8 @@ __all__ = [
     "INT64_REDUCTIONS_IN_DOUBLE",
     "WHERE_DROPS_NEGATIVE_ZERO",
     "NOT_WHERE_FUSION",
+    "SIGMOID_APPROXIMATION",
+    "exact_sigmoid",
     "missing_at_run_time",
 ]
 
@@ -62,6 +64,149 @@ WHERE_DROPS_NEGATIVE_ZERO = "Where"
 #: user's ``torch.where(a != b, y, x)`` with -0.0 in ``x``. Sessions of models holding both ops run
 #: without that optimizer (it saves one elementwise Not).
 NOT_WHERE_FUSION = "NotWhereFusion"
+
+
+#: ORT's CPU Sigmoid is an approximation good to about 1e-7 in absolute terms only (onnxruntime
+#: 1.32; float32 is MLAS's logistic, which clamps its argument to [-18, 18]): 0 below -18 where
+#: eager gives 1.5e-8 down to 1e-45, twice eager's value at -17, 17% off at -15, 2e-4 at -10; the
+#: double kernel 1e-3 off at -30 and 0 below -37, float16 10 steps off at -12. ``log(sigmoid(x))``
+#: was -inf below -18 where eager gives x (a hand-written binary cross-entropy: NaN), and the
+#: tails of ``silu``, ``glu`` and their gradients were as wrong. Models run by the CPU provider
+#: get ``1 / (1 + exp(-x))`` in its place (:func:`exact_sigmoid`; half types in float32, rounded
+#: once, as eager computes them): within 2 ulp down to the smallest normal number (0 where
+#: ``exp(-x)`` overflows, below -88.7 in float32, where eager's results are subnormal), at four
+#: elementwise passes for one.
+SIGMOID_APPROXIMATION = "Sigmoid"
+
+
+def exact_sigmoid(model_bytes: bytes, providers: Sequence[str] = ("CPUExecutionProvider",)) -> bytes:
+    """``model_bytes`` with every Sigmoid written as ``1 / (1 + exp(-x))`` when ``providers``
+    (in ORT's order of preference) start with the CPU provider; the same bytes otherwise, or when
+    the model has none (see :data:`SIGMOID_APPROXIMATION`). Local functions holding one are
+    inlined first."""
+    if not providers or providers[0] != "CPUExecutionProvider" or SIGMOID_APPROXIMATION.encode() not in model_bytes:
+        return model_bytes
+    import onnx
+
+    proto = onnx.load_from_string(model_bytes)
+    if any(_is_sigmoid(n) for f in proto.functions for n in f.node):
+        import onnx.inliner
+
+        proto = onnx.inliner.inline_local_functions(proto)
+    if not _exact_sigmoids(proto.graph, _value_types(proto), [0]):
+        return model_bytes
+    return proto.SerializeToString()
+
+
+def _is_sigmoid(node: Any) -> bool:
+    return node.op_type == SIGMOID_APPROXIMATION and node.domain in ("", "ai.onnx")
+
+
+def _value_types(proto: Any) -> dict[str, int]:
+    """ONNX element type of each value of ``proto``'s graphs that inference can tell."""
+    import onnx
+
+    try:
+        proto = onnx.shape_inference.infer_shapes(proto)
+    except Exception:  # untyped values get a CastLike instead
+        pass
+    types: dict[str, int] = {}
+
+    def collect(graph: Any) -> None:
+        for init in graph.initializer:
+            types[init.name] = init.data_type
+        for value in (*graph.input, *graph.value_info, *graph.output):
+            if value.type.tensor_type.elem_type:
+                types[value.name] = value.type.tensor_type.elem_type
+        for node in graph.node:
+            for attr in node.attribute:
+                for sub in (attr.g,) if attr.HasField("g") else attr.graphs:
+                    collect(sub)
+
+    collect(proto.graph)
+    return types
+
+
+def _uses(graph: Any) -> dict[str, int]:
+    """How often each name is read in ``graph``: node inputs (those of subgraphs too) and outputs."""
+    uses: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            uses[name] = uses.get(name, 0) + 1
+        for attr in node.attribute:
+            for sub in (attr.g,) if attr.HasField("g") else attr.graphs:
+                for name, count in _uses(sub).items():
+                    uses[name] = uses.get(name, 0) + count
+    for out in graph.output:
+        uses[out.name] = uses.get(out.name, 0) + 1
+    return uses
+
+
+def _exact_sigmoids(graph: Any, types: dict[str, int], counter: list[int]) -> int:
+    """Replace the Sigmoid nodes of ``graph`` and its subgraphs; the number replaced. A Sigmoid
+    read only by ``Mul(x, Sigmoid(x))`` (silu) becomes ``x / (1 + exp(-x))`` with that Mul."""
+    from onnx import TensorProto, helper
+
+    uses = _uses(graph)
+    silu: dict[str, Any] = {}  # Sigmoid output -> the Mul that makes it silu
+    for node in graph.node:
+        if node.op_type == "Mul" and node.domain in ("", "ai.onnx") and len(node.input) == 2:
+            a, b = node.input
+            for y, x in ((a, b), (b, a)):
+                if uses.get(y) == 1:
+                    silu[y] = (x, node)
+    replaced = 0
+    nodes = []
+    merged: set[int] = set()
+    for node in graph.node:
+        if id(node) in merged:
+            continue
+        for attr in node.attribute:
+            for sub in (attr.g,) if attr.HasField("g") else attr.graphs:
+                replaced += _exact_sigmoids(sub, types, counter)
+        if not _is_sigmoid(node):
+            nodes.append(node)
+            continue
+        counter[0] += 1
+        stem = f"_exact_sigmoid{counter[0]}"
+        x, y = node.input[0], node.output[0]
+        numerator = None
+        if y in silu and silu[y][0] == x:
+            numerator, mul = silu[y]
+            merged.add(id(mul))
+            y = mul.output[0]
+        dtype = types.get(x)
+        # half types in float32 (ORT's CPU Neg has no float16 kernel); an unknown type in double
+        work = dtype if dtype in (TensorProto.FLOAT, TensorProto.DOUBLE) else TensorProto.DOUBLE
+        if dtype in (TensorProto.FLOAT16, TensorProto.BFLOAT16):
+            work = TensorProto.FLOAT
+        if work != dtype:
+            nodes.append(helper.make_node("Cast", [x], [f"{stem}_x"], to=work))
+            x = f"{stem}_x"
+        one = helper.make_tensor("one", work, [], [1.0])
+        last = (
+            helper.make_node("Div", [x, f"{stem}_den"], [f"{stem}_y"])
+            if numerator is not None
+            else helper.make_node("Reciprocal", [f"{stem}_den"], [f"{stem}_y"])
+        )
+        nodes += [
+            helper.make_node("Constant", [], [f"{stem}_one"], value=one),
+            helper.make_node("Neg", [x], [f"{stem}_neg"]),
+            helper.make_node("Exp", [f"{stem}_neg"], [f"{stem}_exp"]),
+            helper.make_node("Add", [f"{stem}_exp", f"{stem}_one"], [f"{stem}_den"]),
+            last,
+        ]
+        if dtype is None:
+            nodes.append(helper.make_node("CastLike", [f"{stem}_y", node.input[0]], [y]))
+        elif work != dtype:
+            nodes.append(helper.make_node("Cast", [f"{stem}_y"], [y], to=dtype))
+        else:
+            last.output[0] = y
+        replaced += 1
+    if replaced:
+        del graph.node[:]
+        graph.node.extend(nodes)
+    return replaced
 
 
 def disabled_optimizers(model_bytes: bytes, providers: Sequence[str] = ("CPUExecutionProvider",)) -> list[str]:
