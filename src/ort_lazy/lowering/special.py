@@ -15,7 +15,9 @@ values) so that results agree with eager to rounding:
 - ``special.ndtri``: Cephes' three rational approximations;
 - ``erfinv``: a rational first guess and two Newton steps;
 - ``special.erfcx``: a Chebyshev expansion of ``(1 + 2x) erfcx(x)`` in ``(x - 3.75) / (x + 3.75)``
-  for x >= 0 and ``2 exp(x^2) - erfcx(-x)`` below;
+  for x >= 0 and ``2 exp(x^2) - erfcx(-x)`` below; ``erfc`` as ``exp(-x^2) erfcx(x)`` past 1/2 (the
+  translation's ``1 - erf`` is 0 past 3.9 in float32), a Taylor series of ``erf`` within; float64
+  ``erf`` (ORT has no double kernel) from the same two;
 - ``special.bessel_j0/j1/y0/y1``: Cephes' rational approximations on [0, 5] and Hankel's
   modulus/phase form beyond; ``special.spherical_bessel_j0``: sin(x) / x (Taylor series below
   1/2); ``special.airy_ai``: Maclaurin series on (-2.09, 2.09) and Cephes' asymptotic forms
@@ -615,6 +617,11 @@ def _erfc(x: Tensor) -> Tensor:
     return torch.where(x.abs() < 0.5, small, torch.where(x > 0, tail, 2.0 - tail))
 
 
+def _erf_float64(x: Tensor) -> Any:
+    """``erf`` of float64 (ORT has no double Erf kernel; float32 keeps ORT's)."""
+    return _erf(x) if x.dtype == torch.float64 else NotImplemented
+
+
 _ERFINV_A = (0.886226899, -1.645349621, 0.914624893, -0.140543331)
 _ERFINV_B = (-2.118377725, 1.442710462, -0.329097515, 0.012229801)
 _ERFINV_C = (-1.970840454, -1.624906493, 3.429567803, 1.641345311)
@@ -996,6 +1003,7 @@ def _table() -> dict[Any, Callable[..., Any]]:
         _aten.erfinv.default: _unary(_erfinv, wide=True),
         _aten.special_erfcx.default: _unary(_erfcx, wide=True, half=False),
         _aten.erfc.default: _unary(_erfc, wide=True),
+        _aten.erf.default: _erf_float64,
         _aten.special_bessel_j0.default: _unary(_j0, half=False),
         _aten.special_bessel_j1.default: _unary(_j1, half=False),
         _aten.special_bessel_y0.default: _unary(_y0, half=False),
