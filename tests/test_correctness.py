@@ -599,6 +599,10 @@ _NAN_CASES = [
     *((f"{str(dt)[6:]} max_pool2d with indices", lambda x: F.max_pool2d(x.view(1, 1, 3, 4), 2, 1, return_indices=True), (_ROWS.to(dt),)) for dt in _FLOATS),
     ("max_pool1d", lambda x: F.max_pool1d(x.view(1, 3, 4), 2), (_ROWS,)),
     ("max_pool3d", lambda x: F.max_pool3d(x.view(1, 1, 1, 3, 4), (1, 2, 2), 1), (_ROWS,)),
+    # the translation clamped by eps with a comparison NaN fails: logit(1 - eps) for NaN
+    # past 2^52 every float64 is a pole: 1 - x overflowed the reflection formula's terms (NaN)
+    ("float64 lgamma at far poles", torch.lgamma, (torch.tensor([-5e306, -1e20, -4.5e15, -3.0, 0.0, math.inf], dtype=torch.float64),)),
+    *((f"{str(dt)[6:]} logit with eps", lambda x: torch.logit(x, eps=0.1), (_SPECIALS.to(dt) * 0.1 + 0.5,)) for dt in _FLOATS),
 ]
 
 
@@ -1152,6 +1156,8 @@ _TAILS = {
     "erfc": torch.erfc,
     "log_ndtr": torch.special.log_ndtr,
     "erf": torch.erf,  # float64: ORT has no double Erf; computed as erfc is
+    "mish": F.mish,  # ORT's double Mish: 1e-3 off at -30, 0 below -38
+    "softplus": F.softplus,  # float64 and half types: no ORT kernel (they stayed in PyTorch)
 }
 
 
@@ -1174,8 +1180,9 @@ def test_tails_keep_their_relative_accuracy(name: str, dtype: torch.dtype) -> No
     def value_and_grad(f, t):
         t = t.clone().requires_grad_()
         y = f(t)
-        # log_ndtr's backward formula, exp(-x^2 / 2 - log_ndtr(x)), cancels in every form
-        (g,) = torch.autograd.grad(y.sum(), t) if name != "log_ndtr" else (None,)
+        # the backward formulas of log_ndtr, exp(-x^2 / 2 - log_ndtr(x)), and of mish,
+        # 1 - tanh(softplus(x))^2, cancel: a step of exp or tanh moves them by many
+        (g,) = torch.autograd.grad(y.sum(), t) if name not in ("log_ndtr", "mish") else (None,)
         return y.detach(), g
 
     got, got_grad = value_and_grad(compile_ort(fn), x)
@@ -1196,3 +1203,67 @@ def test_tails_keep_their_relative_accuracy(name: str, dtype: torch.dtype) -> No
         worst = int(torch.argmax(distance - 2 * eager))
         assert bool((distance <= 2 * eager + 4).all()), (x[finite][worst], ours[finite][worst], theirs[finite][worst])
         assert torch.equal(ours.isnan(), theirs.isnan()) and torch.equal(ours.isinf(), theirs.isinf())
+
+
+#: points where the functions below have kinks, bounds or ties (and 12 of them: 4 x 3 views)
+_KINKS = torch.tensor([-7.0, -6.0, -3.0, -1.0, -0.5, -0.0, 0.0, 0.5, 1.0, 3.0, 6.0, 7.0])
+
+#: functions whose gradient at a kink, bound or tie is a convention eager fixes
+_KINKED = {
+    "relu": F.relu,
+    "relu6": F.relu6,
+    "hardtanh": F.hardtanh,
+    "hardtanh(0, 6)": lambda t: F.hardtanh(t, 0.0, 6.0),
+    "clamp": lambda t: torch.clamp(t, -1, 1),
+    "clamp_min": lambda t: torch.clamp_min(t, 0.5),
+    "clamp_max": lambda t: torch.clamp_max(t, 0.5),
+    "clamp(tensors)": lambda t: torch.clamp(t, torch.full_like(t, -1), torch.full_like(t, 1)),
+    "hardsigmoid": F.hardsigmoid,
+    "hardswish": F.hardswish,
+    "threshold": lambda t: F.threshold(t, 1.0, -2.0),
+    "leaky_relu": F.leaky_relu,
+    "elu": F.elu,
+    "prelu": lambda t: F.prelu(t, torch.tensor([0.25], dtype=t.dtype)),
+    "softshrink": F.softshrink,
+    "hardshrink": F.hardshrink,
+    "abs": torch.abs,
+    "maximum": lambda t: torch.maximum(t, torch.zeros_like(t)),
+    "minimum": lambda t: torch.minimum(t, torch.zeros_like(t)),
+    "fmax": lambda t: torch.fmax(t, torch.zeros_like(t)),
+    "amax": lambda t: torch.stack([t, t.abs()]).amax(0),
+    "max": lambda t: t.reshape(4, 3).abs().max(),
+    "median": lambda t: t.abs().median(),
+    "sort": lambda t: torch.sort(torch.stack([t, t.abs()]), 0).values,
+    "cummax": lambda t: torch.cummax(t.abs(), 0).values,
+    "max_pool1d": lambda t: F.max_pool1d(t.abs().reshape(1, 1, 12), 3, 1),
+    "vector_norm": lambda t: torch.linalg.vector_norm(t.reshape(4, 3) * (t.reshape(4, 3).abs() > 4), dim=1),
+    "inf-norm": lambda t: torch.linalg.vector_norm(t.reshape(4, 3).abs(), float("inf"), dim=1),
+    "sqrt(|x|)": lambda t: torch.sqrt(t.abs()),
+    "smooth_l1": lambda t: F.smooth_l1_loss(t, t * 0.5, reduction="none"),
+    "huber": lambda t: F.huber_loss(t, torch.zeros_like(t), reduction="none"),
+    "l1": lambda t: F.l1_loss(t, torch.zeros_like(t), reduction="none"),
+    "logit(eps)": lambda t: torch.logit(t * 0.1 + 0.5, eps=0.2),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("name", list(_KINKED))
+def test_gradients_at_kinks_bounds_and_ties_are_eager_s(name: str, dtype: torch.dtype) -> None:
+    """Values and gradients at the points where the function has a kink, a bound or a tie
+    (0, +-1, +-3, 6 ...): the gradient there is a convention, and eager's is the one users get.
+    ``relu6``/``hardtanh`` passed the gradient at their bounds (the translation compares
+    strictly), where eager's is 0."""
+    fn = _KINKED[name]
+    weights = torch.linspace(0.5, 1.5, 12, dtype=dtype)
+
+    def value_and_grad(f):
+        x = _KINKS.to(dtype).requires_grad_()
+        y = f(x)
+        (g,) = torch.autograd.grad((y * weights[: y.numel()].reshape(y.shape) if y.dim() == 1 else y).sum(), x)
+        return y.detach(), g
+
+    got = value_and_grad(compile_ort(fn))
+    assert metrics.counters()["ort_runs"] >= 1, metrics.report()
+    expected = value_and_grad(fn)
+    assert_close(got[0], expected[0])
+    assert_close(got[1], expected[1])

@@ -877,6 +877,29 @@ def celu(x: torch.Tensor, alpha: float = 1.0) -> Any:
     return torch.where(x > 0, x, expm1(x * (1.0 / float(alpha))) * float(alpha))
 
 
+def mish(x: torch.Tensor) -> Any:
+    """float64 ``mish`` as eager computes it, ``x * tanh(log1p(exp(x)))`` (ORT's double Mish
+    loses its tail: 1e-3 off at -30, 0 below -38 where eager gives 1e-15); float16 / bfloat16 in
+    float32, rounded once, as eager (ORT's Mish has no kernel for them)."""
+    if x.dtype in _HALF:
+        return torch.nn.functional.mish(x.float()).to(x.dtype)
+    if x.dtype != torch.float64:
+        return NotImplemented
+    return x * torch.tanh(torch.log1p(torch.exp(x)))
+
+
+def softplus(x: torch.Tensor, beta: Any = 1, threshold: Any = 20) -> Any:
+    """float64 ``softplus`` as eager computes it, ``x`` where ``beta * x > threshold``, else
+    ``log1p(exp(beta * x)) / beta`` (ORT has no double Softplus kernel); float16 / bfloat16 in
+    float32, rounded once, as eager."""
+    if x.dtype in _HALF:
+        return torch.nn.functional.softplus(x.float(), beta, threshold).to(x.dtype)
+    if x.dtype != torch.float64:
+        return NotImplemented
+    scaled = x * beta
+    return torch.where(scaled > threshold, x, torch.log1p(torch.exp(scaled)) / beta)
+
+
 def _scaled_product(product_of: Any) -> Any:
     """``addmm``, ``addmv``, ``addbmm``, ``baddbmm``, ``addr`` (``beta * self + alpha *
     product``) of floats where the translation is wrong: ``beta=0`` ignores ``self`` in eager
@@ -1034,12 +1057,12 @@ def float_remainder(a: Any, b: Any) -> Any:
 
 
 def hardtanh_backward(grad: torch.Tensor, x: torch.Tensor, min_val: float, max_val: float) -> Any:
-    """``hardtanh_backward`` outside float32 as one select; the exporter's translation is
-    ill-typed there. NaN inputs follow eager's CPU kernels, which differ by dtype: float16 and
-    bfloat16 zero the gradient where ``x <= min or x >= max`` (a NaN keeps it), others keep it
-    where ``min < x < max`` (a NaN loses it)."""
-    if grad.dtype == torch.float32:
-        return NotImplemented
+    """``hardtanh_backward`` as one select: the exporter's translation compares strictly, so it
+    passed the gradient at ``min_val`` and ``max_val`` (``relu6`` at 0 and 6) where eager's is 0,
+    and is ill-typed outside float32. NaN inputs follow eager's vectorized CPU kernels (its
+    scalar tail keeps the gradient of a NaN either way): float16 and bfloat16 zero the gradient
+    where ``x <= min or x >= max`` (a NaN keeps it), others keep it where ``min < x < max`` (a
+    NaN loses it)."""
     zero = grad.new_zeros(())
     if grad.dtype in (torch.float16, torch.bfloat16):
         return torch.where((x <= min_val) | (x >= max_val), zero, grad)
@@ -1521,6 +1544,8 @@ DECOMPOSITIONS = {
     _aten.hardtanh.default: hardtanh,
     _aten.hardswish.default: hardswish,
     _aten.celu.default: celu,
+    _aten.mish.default: mish,
+    _aten.softplus.default: softplus,
     _aten.lerp.Scalar: lerp_scalar,
     _aten.embedding_renorm.default: embedding_renorm,
     _aten.hardsigmoid_backward.default: hardsigmoid_backward,

@@ -499,7 +499,8 @@ def _lgamma(x: Tensor) -> Tensor:
     log_sin = torch.log(torch.sin(r * math.pi).abs())
     reflected = (math.log(math.pi) - lg) - log_sin
     result = torch.where(upper, lg, torch.where(small, lg - torch.log(x), reflected))
-    return _where(torch.isinf(x), math.inf, result)
+    # the poles explicitly: past 2^52 every float64 is one, and 1 - x overflows Lanczos's terms
+    return _where(torch.isinf(x) | ((x <= 0.0) & (r == 0.0)), math.inf, result)
 
 
 # -- ndtri, erfinv, erfcx ---------------------------------------------------------------------------
