@@ -424,6 +424,34 @@ def integer_power(x: torch.Tensor, exponent: Any) -> Any:
     return result.clone() if result is x else result
 
 
+#: exponents eager's CPU ``pow`` computes without ``std::pow`` (float32, float64, bfloat16)
+_POWERS: dict[float, Any] = {
+    2.0: lambda x: x * x,
+    3.0: lambda x: x * x * x,
+    0.5: torch.sqrt,
+    -0.5: lambda x: 1.0 / torch.sqrt(x),
+    -1.0: lambda x: 1.0 / x,
+    -2.0: lambda x: 1.0 / (x * x),
+}
+
+
+def scalar_power(x: torch.Tensor, exponent: Any) -> Any:
+    """``x ** k`` for a Python number ``k``: integer bases by :func:`integer_power`; float32,
+    float64 and bfloat16 bases with ``k`` in (2, 3, 0.5, -0.5, -1, -2) as eager's kernel computes
+    them (products, ``sqrt``, a division), where ORT's ``Pow`` went through ``std::pow``: 20-30x
+    slower than the products (1.5 ms against 50 us for 262144 floats) and unlike eager at the
+    edges (``(-inf) ** 0.5`` inf where eager gives NaN, ``(-0.0) ** 0.5`` +0.0)."""
+    if not x.is_floating_point():
+        return integer_power(x, exponent)
+    if x.dtype not in (torch.float32, torch.float64, torch.bfloat16) or isinstance(exponent, bool):
+        return NotImplemented
+    if not isinstance(exponent, (int, float)) or float(exponent) not in _POWERS:
+        return NotImplemented
+    if x.dtype == torch.bfloat16 and exponent == -0.5:  # eager's rsqrt: in float32, rounded once
+        return _POWERS[-0.5](x.float()).to(x.dtype)
+    return _POWERS[float(exponent)](x)
+
+
 def integer_division(a: torch.Tensor, b: Any, rounding_mode: str | None = None) -> Any:
     """``div`` of integers with ``rounding_mode`` "floor" / "trunc" in integer arithmetic: the
     exporter's translation divides in float32, wrong from 2**24 (``123456789 // 7`` off by 2).
@@ -1507,7 +1535,7 @@ DECOMPOSITIONS = {
     _aten.fmax.default: nan_ignoring(torch.maximum),
     _aten.fmin.default: nan_ignoring(torch.minimum),
     _aten.hypot.default: hypot,
-    _aten.pow.Tensor_Scalar: integer_power,
+    _aten.pow.Tensor_Scalar: scalar_power,
     _aten.mean.default: mean_in_dtype(_aten.mean.default),
     _aten.mean.dim: mean_in_dtype(_aten.mean.dim),
     _aten.pow.Tensor_Tensor: promoted_power,
