@@ -432,6 +432,27 @@ def _zeta(x: Tensor, q: Tensor) -> Tensor:
     return _where(x == 1.0, math.inf, _where(x < 1.0, math.nan, result))
 
 
+def _hurwitz_zeta(x: Tensor, q: Tensor) -> Tensor:
+    """:func:`_zeta` for every q. Below :data:`ZETA_MIN_Q` eager's direct sum takes one term per
+    unit of distance (the unrolled sum would stop short: ``zeta(2, -5659000.5)`` gave -1.8e-7
+    where eager gives pi^2); there, with r = q - floor(q) and an integer x (other x give NaN), the
+    terms at negative bases are ``(-1)^x`` times those of ``zeta(x, 1 - r)`` below ``1 - q``:
+    ``zeta(x, q) = (-1)^x (zeta(x, 1 - r) - zeta(x, 1 - q)) + zeta(x, r)``, all three of positive
+    arguments, evaluated in one stacked call."""
+    x, q = torch.broadcast_tensors(x, q)
+    far = (q < ZETA_MIN_Q) & torch.isfinite(x)
+    r = q - torch.floor(q)
+    z = _zeta(torch.stack([x, x, x]), torch.stack([torch.where(far, r, q), 1.0 - r, 1.0 - q]))
+    sign = torch.where(x - 2.0 * torch.floor(x * 0.5) == 0.0, 1.0, -1.0)
+    reflected = sign * (z[1] - z[2]) + z[0]
+    # x = inf: a base within 1 of 0 makes a term infinite, as eager's sum finds
+    result = _where((x == math.inf) & (q < 0.0), math.inf, torch.where(far, reflected, z[0]))
+    q_pole = (q <= 0.0) & (q == torch.floor(q))
+    q_nan = (q <= 0.0) & (x != torch.floor(x))
+    result = _where(q_pole, math.inf, _where(q_nan, math.nan, result))
+    return _where(x == 1.0, math.inf, _where(x < 1.0, math.nan, result))
+
+
 def _zeta_decomposition(x: Any, q: Any) -> Any:
     """``special_zeta(x, q)`` of two real tensors (accumulated in float64 for float32, as eager)."""
     if not (isinstance(x, Tensor) and isinstance(q, Tensor)):
@@ -444,8 +465,7 @@ def _zeta_decomposition(x: Any, q: Any) -> Any:
     if out not in (torch.float32, torch.float64):
         return NotImplemented
     work = torch.float64
-    x, q = torch.broadcast_tensors(x.to(work), q.to(work))
-    return _zeta(x, q).to(out)
+    return _hurwitz_zeta(x.to(work), q.to(work)).to(out)
 
 
 def _polygamma_decomposition(n: int, x: Tensor) -> Any:
@@ -461,7 +481,7 @@ def _polygamma_decomposition(n: int, x: Tensor) -> Any:
         return _trigamma(x).to(out)
     accumulate = torch.float64 if work == torch.float32 else work
     xa = x.to(accumulate)
-    z = _zeta(torch.full_like(xa, float(n + 1)), xa).to(work)
+    z = _hurwitz_zeta(torch.full_like(xa, float(n + 1)), xa).to(work)
     sign = 1.0 if n % 2 else -1.0
     return (z * (sign * float(math.factorial(n)))).to(out)
 
