@@ -1298,3 +1298,43 @@ def test_powers_eager_computes_without_pow_are_products_and_roots(exponent: floa
     special = (torch.isinf(expected) | (expected == 0)) & ~torch.isnan(got)
     assert torch.equal(got[special], expected[special]) and torch.equal(got[special].signbit(), expected[special].signbit())
     assert_close(got, expected, rtol=torch.finfo(dtype).eps, atol=0)
+
+
+#: ops eager computes in float32 for float16 / bfloat16 inputs (opmath) and rounds once; the
+#: arguments make a step-by-step half computation overflow or cancel
+_COMPOUND_HALF = {
+    "lerp": lambda a, b: torch.lerp(a, b, 0.3),
+    "lerp by a tensor": lambda a, b: torch.lerp(a, b, torch.full_like(a, 0.7)),
+    "addcmul": lambda a, b: torch.addcmul(a, a, b, value=0.5),
+    "add with alpha": lambda a, b: torch.add(a, b, alpha=0.3),
+    "sub with alpha": lambda a, b: torch.sub(a, b, alpha=0.3),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", list(_COMPOUND_HALF))
+def test_half_precision_compound_ops_round_once(name: str, dtype: torch.dtype) -> None:
+    """``lerp`` (``end - start`` overflowed float16: inf where eager gives -45856), ``addcmul``
+    (a subnormal bfloat16 product 8% off), ``add``/``sub`` with ``alpha`` (``alpha * b`` rounded
+    first: 24 steps off after cancelling) within a step of eager's, which computes them in float32
+    and rounds once. (dynamo itself writes ``addcdiv`` with a ``value`` as half-precision steps:
+    ``backend="aot_eager"`` gives the same inf.)"""
+    big = torch.finfo(dtype).max
+    a = torch.tensor([-big, -1.108e4, 2.0, -1.194e-39 if dtype == torch.bfloat16 else -6e-5, 0.5, -3.0])
+    b = torch.tensor([16.42, 3.622e4, -6.219, -big, 0.25, 7.0])
+    # 64 elements: eager's vectorized kernels compute in float32; its scalar tail (fewer than a
+    # vector's worth) may not
+    x = torch.cat([a.repeat_interleave(6), torch.ones(28)]).to(dtype)
+    y = torch.cat([b.repeat(6), torch.ones(28)]).to(dtype)
+    fn = _COMPOUND_HALF[name]
+    got = compile_ort(fn)(x, y)
+    assert metrics.counters()["ort_runs"] >= 1 and metrics.counters()["fallback_ops"] == 0, metrics.fallbacks()
+    expected = fn(x, y)
+    assert got.dtype == dtype
+    assert torch.equal(got.isinf(), expected.isinf()) and torch.equal(got.isnan(), expected.isnan()), (got, expected)
+    finite = torch.isfinite(expected)
+    # lerp's own rounding scales with its ends (eager's kernel is a fused multiply-add: lerp(-3,
+    # 7, 0.3) is 1.2e-7 there, 0 without the fusion)
+    scale = torch.maximum(x.abs(), y.abs()) if name.startswith("lerp") else expected.abs()
+    step = (torch.finfo(dtype).eps * scale.double()).clamp(min=torch.finfo(dtype).tiny)
+    assert bool((((got.double() - expected.double()).abs() / step)[finite] <= 1).all()), (got, expected)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import math
 import operator
+import struct
 from typing import Any
 
 import torch
@@ -996,12 +997,13 @@ def lerp_scalar(start: torch.Tensor, end: torch.Tensor, weight: float) -> Any:
     tracing: the exporter's translation computes both sides for every element and selects with
     ``Where`` (a quarter of an Adam step's ORT time), and holds the weight as a float32 constant
     in float64. float32 and float64, which eager computes in their own precision; float16 and
-    bfloat16 keep the translation."""
-    if (
-        not isinstance(end, torch.Tensor)
-        or end.dtype not in (torch.float32, torch.float64)
-        or not isinstance(weight, (int, float))
-    ):
+    bfloat16 in float32, rounded once, as eager (step by step in float16, ``end - start``
+    overflowed: inf where eager gives -45856)."""
+    if not isinstance(end, torch.Tensor) or not isinstance(weight, (int, float)):
+        return NotImplemented
+    if end.dtype in _HALF and start.dtype == end.dtype:
+        return lerp_scalar(start.float(), end.float(), weight).to(end.dtype)
+    if end.dtype not in (torch.float32, torch.float64):
         return NotImplemented
     diff = end - start
     return start + diff * float(weight) if abs(weight) < 0.5 else end - diff * (1.0 - float(weight))
@@ -1050,8 +1052,50 @@ def float_arange(start: Any, end: Any = None, step: Any = 1, *, dtype: Any = Non
     return (index * float(step) + float(start)).to(dtype)
 
 
+def _half_value(value: float, dtype: torch.dtype) -> float:
+    """``value`` rounded to float16 / bfloat16 (to nearest, ties to even), in plain Python: a
+    tensor made while tracing would enter the graph."""
+    if dtype == torch.float16:
+        try:
+            return float(struct.unpack("<e", struct.pack("<e", value))[0])
+        except (OverflowError, struct.error):  # past float16's range
+            return math.copysign(math.inf, value)
+    (bits,) = struct.unpack("<I", struct.pack("<f", value))
+    if (bits >> 23) & 0xFF == 0xFF:  # inf / NaN
+        return value
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return float(struct.unpack("<f", struct.pack("<I", bits))[0])
+
+
+def _in_float32(op: Any, scalars: tuple[str, ...] = ()) -> Any:
+    """``op`` of float16 / bfloat16 tensors (all of one dtype) computed in float32 and rounded
+    once, as eager's kernels compute it (step by step in the half type, an intermediate rounds
+    or overflows: ``addcmul``/``addcdiv``/``lerp`` gave inf where eager's results are finite, a
+    scaled ``add`` cancelled 24 steps off); with ``scalars`` named, only where one of those
+    keyword arguments is not 1 (a plain ``add`` is one rounding either way), and those rounded
+    to the half type first, as eager's kernels take them (``add``'s ``alpha``)."""
+
+    def decompose(*args: Any, **kwargs: Any) -> Any:
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if not tensors or tensors[0].dtype not in _HALF or any(t.dtype != tensors[0].dtype for t in tensors):
+            return NotImplemented
+        if scalars and all(kwargs.get(name, 1) == 1 for name in scalars):
+            return NotImplemented
+        for name in scalars:
+            if isinstance(kwargs.get(name), (int, float)) and not isinstance(kwargs[name], bool):
+                kwargs[name] = _half_value(float(kwargs[name]), tensors[0].dtype)
+        wide = [a.float() if isinstance(a, torch.Tensor) else a for a in args]
+        return op(*wide, **kwargs).to(tensors[0].dtype)
+
+    return decompose
+
+
 def _pointwise_with_value(divide: bool) -> Any:
+    halves = _in_float32(_aten.addcdiv.default if divide else _aten.addcmul.default)
+
     def decompose(x: torch.Tensor, t1: torch.Tensor, t2: torch.Tensor, *, value: Any = 1) -> Any:
+        if isinstance(x, torch.Tensor) and x.dtype in _HALF:
+            return halves(x, t1, t2, value=value)
         if not all(isinstance(t, torch.Tensor) and t.dtype == torch.float64 for t in (x, t1, t2)):
             return NotImplemented
         if not isinstance(value, (int, float)) or isinstance(value, bool):
@@ -1575,6 +1619,9 @@ DECOMPOSITIONS = {
     _aten.mish.default: mish,
     _aten.softplus.default: softplus,
     _aten.lerp.Scalar: lerp_scalar,
+    _aten.lerp.Tensor: _in_float32(_aten.lerp.Tensor),
+    _aten.add.Tensor: _in_float32(_aten.add.Tensor, ("alpha",)),
+    _aten.sub.Tensor: _in_float32(_aten.sub.Tensor, ("alpha",)),
     _aten.embedding_renorm.default: embedding_renorm,
     _aten.hardsigmoid_backward.default: hardsigmoid_backward,
     _aten.addmm.default: _scaled_product(torch.mm),
