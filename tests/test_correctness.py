@@ -1269,7 +1269,7 @@ def test_gradients_at_kinks_bounds_and_ties_are_eager_s(name: str, dtype: torch.
     assert_close(got[1], expected[1])
 
 
-_POWER_BASES = torch.cat([
+_FLOAT_POWER_BASES = torch.cat([
     torch.linspace(-20, 20, 401),
     torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan, 1e-30, -1e-30, 3e38, 1e-40]),
 ])
@@ -1286,7 +1286,7 @@ def test_powers_eager_computes_without_pow_are_products_and_roots(exponent: floa
     correctly rounded; ORT's is)."""
     import onnx
 
-    x = _POWER_BASES.to(dtype)
+    x = _FLOAT_POWER_BASES.to(dtype)
     fn = lambda t: torch.pow(t, exponent)  # noqa: E731
     with captured_exports() as models:
         got = compile_ort(fn)(x)
