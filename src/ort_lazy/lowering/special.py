@@ -393,7 +393,8 @@ ZETA_MIN_Q = 10.0 - _ZETA_TERMS
 
 def _zeta(x: Tensor, q: Tensor) -> Tensor:
     """Hurwitz zeta function sum((k + q)^-x, k >= 0): eager's direct sum (ending early once a term
-    is below machine epsilon relative to the sum) followed by the Euler-Maclaurin correction."""
+    is below machine epsilon relative to the sum) followed by the Euler-Maclaurin correction;
+    the poles and domain rules are :func:`_hurwitz_zeta`'s."""
     s = torch.pow(q, -x)
     a = q
     b = torch.zeros_like(s)
@@ -425,11 +426,7 @@ def _zeta(x: Tensor, q: Tensor) -> Tensor:
         factor = factor * (x + k)
         b = b / w
         k += 1.0
-    result = torch.where(done, s, tail)
-    q_pole = (q <= 0.0) & (q == torch.floor(q))
-    q_nan = (q <= 0.0) & (x != torch.floor(x))
-    result = _where(q_pole, math.inf, _where(q_nan, math.nan, result))
-    return _where(x == 1.0, math.inf, _where(x < 1.0, math.nan, result))
+    return torch.where(done, s, tail)
 
 
 def _hurwitz_zeta(x: Tensor, q: Tensor) -> Tensor:
