@@ -102,6 +102,11 @@ def _is_sigmoid(node: Any) -> bool:
     return node.op_type == SIGMOID_APPROXIMATION and node.domain in ("", "ai.onnx")
 
 
+def _subgraphs(node: Any) -> list[Any]:
+    """The graphs ``node`` holds in its attributes (If's branches, Loop's body)."""
+    return [g for attr in node.attribute for g in ((attr.g,) if attr.HasField("g") else attr.graphs)]
+
+
 def _value_types(proto: Any) -> dict[str, int]:
     """ONNX element type of each value of ``proto``'s graphs that inference can tell."""
     import onnx
@@ -119,9 +124,8 @@ def _value_types(proto: Any) -> dict[str, int]:
             if value.type.tensor_type.elem_type:
                 types[value.name] = value.type.tensor_type.elem_type
         for node in graph.node:
-            for attr in node.attribute:
-                for sub in (attr.g,) if attr.HasField("g") else attr.graphs:
-                    collect(sub)
+            for sub in _subgraphs(node):
+                collect(sub)
 
     collect(proto.graph)
     return types
@@ -133,10 +137,9 @@ def _uses(graph: Any) -> dict[str, int]:
     for node in graph.node:
         for name in node.input:
             uses[name] = uses.get(name, 0) + 1
-        for attr in node.attribute:
-            for sub in (attr.g,) if attr.HasField("g") else attr.graphs:
-                for name, count in _uses(sub).items():
-                    uses[name] = uses.get(name, 0) + count
+        for sub in _subgraphs(node):
+            for name, count in _uses(sub).items():
+                uses[name] = uses.get(name, 0) + count
     for out in graph.output:
         uses[out.name] = uses.get(out.name, 0) + 1
     return uses
@@ -161,9 +164,8 @@ def _exact_sigmoids(graph: Any, types: dict[str, int], counter: list[int]) -> in
     for node in graph.node:
         if id(node) in merged:
             continue
-        for attr in node.attribute:
-            for sub in (attr.g,) if attr.HasField("g") else attr.graphs:
-                replaced += _exact_sigmoids(sub, types, counter)
+        for sub in _subgraphs(node):
+            replaced += _exact_sigmoids(sub, types, counter)
         if not _is_sigmoid(node):
             nodes.append(node)
             continue
