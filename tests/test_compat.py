@@ -186,3 +186,62 @@ def test_static_int_reads_numbers_and_constant_symbolic_ints():
     assert _compat.static_int(7) == 7
     assert not isinstance(empty.numel(), int) and _compat.static_int(empty.numel()) == 0
     assert _compat.static_int(full.numel()) is None
+
+
+def _promotion_signature(gm: torch.fx.GraphModule) -> list[tuple[str, ...]]:
+    """Every node's op, target, arguments and value types: what the type promotion pass writes."""
+    out = []
+    for n in gm.graph.nodes:
+        val = n.meta.get("val")
+        vals = val if isinstance(val, (tuple, list)) else [val]
+        types = [(str(getattr(v, "dtype", type(v).__name__)), str(tuple(getattr(v, "shape", ())))) for v in vals]
+        out.append((n.op, str(n.target), str(n.args), str(n.kwargs), str(types)))
+    return out
+
+
+@pytest.mark.parametrize("real_value", [False, True], ids=["fake", "real-value"])
+@pytest.mark.parametrize("symbolic", [False, True], ids=["static", "symbolic"])
+def test_type_promotion_runs_only_what_it_promotes_and_writes_what_the_exporter_writes(symbolic, real_value, monkeypatch):
+    """``insert_type_promotion`` re-runs only the nodes it promotes (a node it leaves keeps its
+    value), and gives the graph and the values the exporter's own pass gives: mixed integer,
+    float, half and 0-d operands, Python numbers, comparisons, a select, a reduction feeding a
+    promoted op, in static and symbolic graphs. ``real_value``: a node whose value a rewrite
+    wrote as a real tensor (ort-lazy's symbolic scalars do) is run again, not read."""
+    import copy
+
+    from torch.onnx._internal.exporter import _fx_passes
+
+    def fn(i, f, h, d):
+        a = i + f  # int64 + float32
+        b = h * d  # float16 * float64 0-d
+        c = torch.where(a > 0, a, h)  # float32 / float16 branches
+        s = (i * 3).sum() / 2  # integer sum divided by a number
+        e = torch.pow(h, 2) + torch.remainder(i, 3.5)
+        return a, b, c, s + f, e, torch.atan2(i, f), (h < d).logical_and(i > 1)
+
+    args = (torch.randint(-5, 5, (3, 4)), torch.randn(3, 4), torch.randn(4).half(), torch.tensor(2.5, dtype=torch.float64))
+    gm = make_fx(fn, tracing_mode="symbolic" if symbolic else "fake")(*args)
+    if real_value:  # the sum a promoted division reads
+        total = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.sum.default)
+        total.meta["val"] = torch.zeros((), dtype=torch.int64)
+    expected = copy.deepcopy(gm)
+    _fx_passes.insert_type_promotion_nodes(expected)
+    assert len(expected.graph.nodes) > len(gm.graph.nodes)  # the case promotes something
+
+    before = {n.name: (str(n.args), str(n.kwargs)) for n in gm.graph.nodes if n.op == "call_function"}
+    runs: list[str] = []
+    original = torch.fx.Interpreter.run_node
+
+    def counting(self, n):
+        runs.append(n.name)
+        return original(self, n)
+
+    monkeypatch.setattr(torch.fx.Interpreter, "run_node", counting)
+    _compat.insert_type_promotion(gm)
+    assert _promotion_signature(gm) == _promotion_signature(expected)
+    unchanged = {n.name for n in gm.graph.nodes if before.get(n.name) == (str(n.args), str(n.kwargs))}
+    rerun = {total.name} if real_value else set()
+    assert rerun <= unchanged and rerun <= set(runs)
+    unchanged -= rerun
+    assert len(unchanged) >= 5 and not unchanged & set(runs), (unchanged, runs)  # nodes it left were not re-run
+    assert set(runs) - unchanged  # the promoted and inserted ones were
