@@ -102,10 +102,17 @@ NOT_RUN: dict[tuple[str, str], str] = {
 }
 
 
+#: test kinds whose fast subset is smaller than :data:`FAST` (the others run with --zoo-full):
+#: a dynamic batch costs 30-40 s per model, and the decoder is the case with the most
+#: batch-dependent shapes (causal mask, positions, cache-free attention)
+FAST_BY_KIND: dict[str, tuple[str, ...]] = {"dynamic": ("gpt2",)}
+
+
 def _params(kind: str) -> list:
     params = []
+    fast = FAST_BY_KIND.get(kind, FAST)
     for name in CASES:
-        marks = [] if name in FAST else [pytest.mark.zoo_full]
+        marks = [] if name in fast else [pytest.mark.zoo_full]
         if (kind, name) in NOT_RUN:
             marks.append(pytest.mark.skip(reason=NOT_RUN[kind, name]))
         params.append(pytest.param(name, marks=marks, id=name))
