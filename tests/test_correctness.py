@@ -1274,6 +1274,60 @@ def test_gradients_at_kinks_bounds_and_ties_are_eager_s(name: str, dtype: torch.
     assert_close(got[1], expected[1])
 
 
+#: losses, each of (input, target, reduction); their gradients at NaN and infinite values
+_LOSSES = {
+    "smooth_l1": lambda x, t, r: F.smooth_l1_loss(x, t, reduction=r),
+    "smooth_l1(beta=2)": lambda x, t, r: F.smooth_l1_loss(x, t, reduction=r, beta=2.0),
+    "smooth_l1(beta=0)": lambda x, t, r: F.smooth_l1_loss(x, t, reduction=r, beta=0.0),
+    "huber": lambda x, t, r: F.huber_loss(x, t, reduction=r),
+    "l1": lambda x, t, r: F.l1_loss(x, t, reduction=r),
+    "mse": lambda x, t, r: F.mse_loss(x, t, reduction=r),
+    "bce_with_logits": lambda x, t, r: F.binary_cross_entropy_with_logits(x, t.sigmoid(), reduction=r),
+    "kl_div": lambda x, t, r: F.kl_div(x, t.sigmoid(), reduction=r),
+    "poisson_nll": lambda x, t, r: F.poisson_nll_loss(x, t.abs(), reduction=r),
+    "gaussian_nll": lambda x, t, r: F.gaussian_nll_loss(x, t, torch.ones_like(t), reduction=r),
+    "hinge_embedding": lambda x, t, r: F.hinge_embedding_loss(x, t.sign(), reduction=r),
+    "margin_ranking": lambda x, t, r: F.margin_ranking_loss(x, t, torch.ones_like(t), reduction=r),
+    "cosine_embedding": lambda x, t, r: F.cosine_embedding_loss(x.reshape(8, 8), t.reshape(8, 8), torch.ones(8), reduction=r),
+    "multilabel_soft_margin": lambda x, t, r: F.multilabel_soft_margin_loss(
+        x.reshape(8, 8), (t.reshape(8, 8) > 0).float(), reduction=r
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(_LOSSES))
+def test_loss_gradients_at_nan_and_infinities_are_eager_s(name: str) -> None:
+    """Losses and their gradients (input and target) where either holds NaN, +-inf, +-0 or a
+    point on a branch bound, in the vectorized part and the tail of eager's kernels: a NaN
+    prediction's gradient is NaN in eager (what anomaly detection and gradient scalers look
+    for). ``smooth_l1``'s was 0: torch's decomposition takes ``sign(NaN) = 0``. Not here:
+    ``binary_cross_entropy`` (eager refuses a NaN probability) and ``soft_margin_loss``, whose
+    eager gradient ``exp(-yx) / (1 + exp(-yx))`` overflows to NaN from ``yx < -88`` on (finite
+    inputs), where ours is the limit."""
+    specials = [math.nan, math.inf, -math.inf, 0.0, -0.0, 1.0, -1.0, 2.0]
+    g = torch.Generator().manual_seed(3)
+    x, t = torch.randn(64, generator=g), torch.randn(64, generator=g)
+    for i, v in enumerate(specials):
+        x[i], x[60 - i], t[20 + i], t[63 - i] = v, v, v, v
+    fn = _LOSSES[name]
+
+    def run(f, target_grad: bool):
+        xx, tt = x.clone().requires_grad_(), t.clone().requires_grad_(target_grad)
+        y = f(xx, tt)
+        wrt = (xx, tt) if target_grad else (xx,)
+        return [y.detach(), *torch.autograd.grad(y, wrt, allow_unused=True, materialize_grads=True)]
+
+    try:
+        expected = run(lambda a, b: fn(a, b, "mean"), True)
+    except RuntimeError:  # not differentiable with respect to its target
+        expected = run(lambda a, b: fn(a, b, "mean"), False)
+    got = run(compile_ort(lambda a, b: fn(a, b, "mean")), len(expected) == 3)
+    assert metrics.counters()["ort_runs"] >= 1 and metrics.counters()["fallback_ops"] == 0, metrics.report()
+    for what, ours, theirs in zip(("loss", "input gradient", "target gradient"), got, expected):
+        bad = ~torch.isclose(ours, theirs, rtol=1e-5, atol=1e-7, equal_nan=True)
+        assert not bad.any(), (what, bad.nonzero().flatten().tolist(), ours[bad].tolist(), theirs[bad].tolist())
+
+
 _FLOAT_POWER_BASES = torch.cat([
     torch.linspace(-20, 20, 401),
     torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan, 1e-30, -1e-30, 3e38, 1e-40]),

@@ -1141,6 +1141,23 @@ def hardtanh_backward(grad: torch.Tensor, x: torch.Tensor, min_val: float, max_v
     return torch.where((x > min_val) & (x < max_val), grad, zero)
 
 
+def smooth_l1_loss_backward(grad: torch.Tensor, x: torch.Tensor, target: torch.Tensor, reduction: int, beta: float) -> Any:
+    """``smooth_l1_loss_backward`` as eager's kernel computes it: ``+-1`` where ``|d| >= beta``
+    (``d = x - target``; its sign by ``d > 0``), ``d / beta`` elsewhere, times the norm and the
+    gradient. torch's decomposition takes ``sign(d)`` where ``|d| < beta`` fails, so a NaN
+    difference got ``sign(NaN) = 0``: a 0 gradient where eager's is NaN (a NaN prediction
+    trained on silently instead of surfacing). float16 / bfloat16 in float32, rounded once, as
+    eager computes them."""
+    if x.dtype in _HALF:
+        wide = smooth_l1_loss_backward(grad.float(), x.float(), target.float(), reduction, beta)
+        return wide.to(x.dtype)
+    d = x - target
+    norm = 1.0 / x.numel() if reduction == 1 else 1.0  # Reduction.MEAN
+    one = d.new_ones(())
+    unit = torch.where(d > 0, one, -one)
+    return norm * torch.where(d.abs() >= beta, unit, d / beta) * grad
+
+
 def safe_softmax_dtype(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> Any:
     """``aten._safe_softmax`` with a ``dtype``: the conversion, then the op itself, which ORT runs
     by ort-lazy's own translation (``export.selects.safe_softmax``: softmax with its guard for
@@ -1564,6 +1581,7 @@ DECOMPOSITIONS = {
     _aten._native_batch_norm_legit_no_training.default: batch_norm_no_training,
     _aten.native_layer_norm.default: layer_norm_low_precision,
     _aten.hardtanh_backward.default: hardtanh_backward,
+    _aten.smooth_l1_loss_backward.default: smooth_l1_loss_backward,
     _aten.linalg_vector_norm.default: vector_norm,
     **{op: _full_precision_only(op) for op in (_aten.soft_margin_loss.default, _aten.soft_margin_loss_backward.default)},
     _aten._safe_softmax.default: safe_softmax_dtype,
