@@ -411,9 +411,10 @@ def insert_type_promotion(gm: torch.fx.GraphModule) -> None:
     ``meta["val"]``; a node it does not change keeps the value it had (a promoted node's
     output is cast back to its old type, so what follows it is unchanged too), so here only
     the nodes it promotes or inserts are run and every other node's value is read from its
-    ``meta``. Most nodes need no promotion: a 30-op graph's compile takes a fifth less (the
-    pass was a quarter of its export). A node without a value, or with a real tensor for one,
-    is run as the pass runs it.
+    ``meta``. Most nodes need no promotion; the pass runs once per region and once per op
+    probed alone, so small graphs gain most (the ten 30-op mixed-dtype graphs of one
+    ``tests/test_promotion.py`` case: 8.2 to 6.2 s; whole-model first calls: within noise). A
+    node without a value, or with a real tensor for one, is run as the pass runs it.
     """
     _, _, _, _fx_passes, _, _ = _exporter()
     interpreter = _reusing_type_promotion()
