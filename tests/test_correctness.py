@@ -603,6 +603,14 @@ _NAN_CASES = [
     # past 2^52 every float64 is a pole: 1 - x overflowed the reflection formula's terms (NaN)
     ("float64 lgamma at far poles", torch.lgamma, (torch.tensor([-5e306, -1e20, -4.5e15, -3.0, 0.0, math.inf], dtype=torch.float64),)),
     *((f"{str(dt)[6:]} logit with eps", lambda x: torch.logit(x, eps=0.1), (_SPECIALS.to(dt) * 0.1 + 0.5,)) for dt in _FLOATS),
+    # the inf-norms' ReduceMax skipped NaN (the largest of the rest where eager gives NaN)
+    *((f"{str(dt)[6:]} inf-norms", lambda x: (
+        torch.linalg.vector_norm(x, math.inf, 1), torch.linalg.vector_norm(x, -math.inf, 0), torch.linalg.vector_norm(x, math.inf),
+    ), (_ROWS.to(dt),)) for dt in _FLOATS),
+    # ORT's double LogSoftmax: finite numbers on a row holding NaN, -inf beside +inf
+    *((f"{str(dt)[6:]} log_softmax", lambda x: (torch.log_softmax(x, 1), torch.log_softmax(x, 0)), (_ROWS.to(dt),))
+      for dt in (torch.float64, torch.float32)),
+    ("float64 log_softmax of -inf rows", lambda x: torch.log_softmax(x, 1), (torch.tensor([[-math.inf] * 3, [0.0, -math.inf, 1.0]], dtype=torch.float64),)),
 ]
 
 

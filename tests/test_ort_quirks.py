@@ -13,6 +13,7 @@ from onnx import TensorProto, helper
 
 from helpers import assert_close, assert_ran_on_ort, captured_exports, compile_ort
 from ort_lazy.runtime.quirks import (
+    DOUBLE_LOG_SOFTMAX_NAN,
     MATMUL_TRANSPOSE_FUSION,
     NOT_WHERE_FUSION,
     SIGMOID_APPROXIMATION,
@@ -202,6 +203,23 @@ _ONNX_TYPES = {
     torch.float16: TensorProto.FLOAT16,
     torch.bfloat16: TensorProto.BFLOAT16,
 }
+
+
+def test_double_log_softmax_still_ignores_nan_in_this_onnxruntime() -> None:
+    """ort-lazy lowers float64 log_softmax to eager's formula (tested in test_correctness, NaN
+    and infinities)."""
+    graph = helper.make_graph(
+        [helper.make_node(DOUBLE_LOG_SOFTMAX_NAN, ["x"], ["y"], axis=1)],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [1, 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
+    session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    y = session.run(None, {"x": np.array([[1.0, np.nan, 2.0, 3.0]])})[0]
+    assert not np.isnan(y[0, 0]), (
+        f"onnxruntime {ort.__version__} gives a NaN row: DOUBLE_LOG_SOFTMAX_NAN and log_softmax_float64 can go"
+    )
 
 
 def test_cpu_sigmoid_is_still_an_absolute_approximation_in_this_onnxruntime() -> None:

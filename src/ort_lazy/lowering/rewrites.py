@@ -326,12 +326,18 @@ def vector_norm(x: torch.Tensor, ord: Any = 2, dim: Any = None, keepdim: bool = 
       (per-op float16 steps overflow: ``|x|**6`` of 8.5 is inf in float16);
     * float64 with an ord other than 0, 1, 2, +-inf: ``sum(|x|**ord) ** (1/ord)`` in aten ops,
       whose float exponents are kept exact (the translation's ``1/ord`` is a float32 constant:
-      2e-7 relative error).
+      2e-7 relative error);
+    * ord +-inf: ``amax`` / ``amin`` of ``|x|``, which propagate NaN as eager does (the
+      translation's ReduceMax skips a NaN: the largest of the other elements where eager gives
+      NaN).
     """
     if dtype is not None:
         return NotImplemented
     if x.dtype in (torch.float16, torch.bfloat16):
         return _aten.linalg_vector_norm.default(x.float(), ord, dim, keepdim).to(x.dtype)
+    if x.is_floating_point() and ord in (math.inf, -math.inf):
+        dims = list(range(x.dim())) if dim is None else ([dim] if isinstance(dim, int) else list(dim))
+        return x.abs().amax(dims, keepdim) if ord > 0 else x.abs().amin(dims, keepdim)
     if x.dtype == torch.float64 and isinstance(ord, (int, float)) and ord not in (0, 1, 2, math.inf, -math.inf):
         dims = list(range(x.dim())) if dim is None else ([dim] if isinstance(dim, int) else list(dim))
         total = x.abs().pow(float(ord)).sum(dims, keepdim=keepdim)
@@ -1158,6 +1164,17 @@ def smooth_l1_loss_backward(grad: torch.Tensor, x: torch.Tensor, target: torch.T
     return norm * torch.where(d.abs() >= beta, unit, d / beta) * grad
 
 
+def log_softmax_float64(x: torch.Tensor, dim: int, half_to_float: bool) -> Any:
+    """float64 ``_log_softmax`` as eager computes it, ``x - max - log(sum(exp(x - max)))``:
+    ORT's double LogSoftmax kernel gives finite numbers on a row holding NaN (45.05 for 1) and
+    ``-inf`` beside ``+inf``, where eager's whole row is NaN (its float kernel agrees with
+    eager)."""
+    if x.dtype != torch.float64 or half_to_float:
+        return NotImplemented
+    shifted = x - x.amax(dim, keepdim=True)
+    return shifted - torch.log(torch.exp(shifted).sum(dim, keepdim=True))
+
+
 def safe_softmax_dtype(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> Any:
     """``aten._safe_softmax`` with a ``dtype``: the conversion, then the op itself, which ORT runs
     by ort-lazy's own translation (``export.selects.safe_softmax``: softmax with its guard for
@@ -1585,6 +1602,7 @@ DECOMPOSITIONS = {
     _aten.linalg_vector_norm.default: vector_norm,
     **{op: _full_precision_only(op) for op in (_aten.soft_margin_loss.default, _aten.soft_margin_loss_backward.default)},
     _aten._safe_softmax.default: safe_softmax_dtype,
+    _aten._log_softmax.default: log_softmax_float64,
     _aten.native_batch_norm.default: native_batch_norm,
     _aten._native_batch_norm_legit_functional.default: batch_norm_training,
     _aten._native_batch_norm_legit.no_stats: batch_norm_no_stats,

@@ -20,6 +20,7 @@ __all__ = [
     "WHERE_DROPS_NEGATIVE_ZERO",
     "NOT_WHERE_FUSION",
     "SIGMOID_APPROXIMATION",
+    "DOUBLE_LOG_SOFTMAX_NAN",
     "exact_sigmoid",
     "missing_at_run_time",
 ]
@@ -64,6 +65,14 @@ WHERE_DROPS_NEGATIVE_ZERO = "Where"
 #: user's ``torch.where(a != b, y, x)`` with -0.0 in ``x``. Sessions of models holding both ops run
 #: without that optimizer (it saves one elementwise Not).
 NOT_WHERE_FUSION = "NotWhereFusion"
+
+
+#: ORT's CPU LogSoftmax for double gives finite numbers on a row holding NaN (onnxruntime 1.32:
+#: ``[1, NaN, 2, 3]`` gives ``[45.05, NaN, 46.05, 47.05]``) and ``-inf`` beside ``+inf``, where
+#: eager's whole row is NaN; the float kernel gives NaN rows. ort-lazy lowers float64
+#: ``log_softmax`` to eager's ``x - max - log(sum(exp(x - max)))``
+#: (``lowering.rewrites.log_softmax_float64``).
+DOUBLE_LOG_SOFTMAX_NAN = "LogSoftmax"
 
 
 #: ORT's CPU Sigmoid is an approximation good to about 1e-7 in absolute terms only (onnxruntime
