@@ -119,3 +119,33 @@ def test_transformer_block_trains_with_eager_gradients_and_no_leading_reduce_sum
     # are products with its weight (lowering.rewrites.layer_norm_backward), so no sum is left
     assert sum(n.op_type == "MatMul" and n.name.endswith("_matmul") for n in nodes) == 4
     assert sum(n.op_type == "ReduceSum" for n in nodes) == 0
+
+
+def test_variance_far_from_zero_keeps_its_digits() -> None:
+    """``var``/``std``/``var_mean`` of data far from 0 against its spread: the translation's
+    mean is a float32 sum, so float32 ``1e4 + 0.01 * randn`` lost 1e-3 relative (eager
+    accumulates in double), and a constant float64 column of 3e38 had variance 1.7e45 for 0.
+    Shifted by its first element the data's differences are exact: within 1e-6 of a long-double
+    reference in float32 (4e-16 in float64, where eager's own Welford sum is 1e-11 off)."""
+    import numpy as np
+
+    g = torch.Generator().manual_seed(0)
+    base = 1e4 + torch.randn(4, 1000, generator=g, dtype=torch.float64) * 0.01
+    reference = torch.tensor([float(np.var(np.array(r, dtype=np.longdouble), ddof=1)) for r in base.numpy()], dtype=torch.float64)
+
+    def fn(t: torch.Tensor, u: torch.Tensor):
+        return t.var(1), t.std(1) ** 2, torch.var_mean(t, 1)[0], u.var(0), u.std(1, correction=0), t.var(1, correction=2000)
+
+    constant = torch.full((6, 3), 3e38, dtype=torch.float64)
+    for dtype, bound in ((torch.float32, 1e-6), (torch.float64, 1e-14)):
+        x = base.to(dtype)
+        got = compile_ort(fn)(x, constant)
+        c = metrics.counters()
+        assert c["ort_runs"] >= 1 and c["fallback_ops"] == 0, metrics.fallbacks()
+        exact = reference if dtype == torch.float64 else torch.tensor(
+            [float(np.var(np.array(r, dtype=np.longdouble), ddof=1)) for r in x.double().numpy()], dtype=torch.float64
+        )
+        for value in got[:3]:
+            assert float(((value.double() - exact) / exact).abs().max()) < bound, (dtype, value, exact)
+        assert torch.equal(got[3], torch.zeros(3, dtype=torch.float64)) and torch.equal(got[4], torch.zeros(6, dtype=torch.float64))
+        assert torch.isinf(got[5]).all()  # a correction past the count: eager divides by max(0, N - c)

@@ -1164,6 +1164,32 @@ def smooth_l1_loss_backward(grad: torch.Tensor, x: torch.Tensor, target: torch.T
     return norm * torch.where(d.abs() >= beta, unit, d / beta) * grad
 
 
+def shifted_variance(x: torch.Tensor, dims: Any, correction: float, *, output_dtype: Any = None) -> Any:
+    """``prims.var`` (every ``var``/``std``/``var_mean``) of floats as two passes over the data
+    shifted by its first element along ``dims``: the translation subtracts the mean, which in
+    float32 is only as exact as a float32 sum, so data far from 0 against its spread lost
+    digits (``1e4 + 0.01 * randn``: 1e-3 relative, where eager accumulates in double), and a
+    constant float64 column of 3e38 had variance 1.7e45 for 0. Shifted, the differences are
+    exact where values are close (Sterbenz) and a constant column is 0 exactly. Static sizes
+    only (the translation keeps the others); divides by ``max(0, N - correction)`` as eager."""
+    if not x.is_floating_point() or output_dtype is not None or x.dim() == 0:
+        return NotImplemented
+    from torch.fx.experimental.symbolic_shapes import is_concrete_int
+
+    dims = list(range(x.dim())) if not dims else [d % x.dim() for d in dims]
+    if not all(is_concrete_int(x.shape[d]) for d in dims):
+        return NotImplemented
+    count = math.prod(int(x.shape[d]) for d in dims)
+    if count == 0:
+        return NotImplemented
+    pivot = x
+    for d in dims:
+        pivot = pivot.narrow(d, 0, 1)
+    shifted = x - pivot
+    deviation = shifted - shifted.mean(dims, keepdim=True)
+    return (deviation * deviation).sum(dims) / max(0.0, count - correction)
+
+
 def log_softmax_float64(x: torch.Tensor, dim: int, half_to_float: bool) -> Any:
     """float64 ``_log_softmax`` as eager computes it, ``x - max - log(sum(exp(x - max)))``:
     ORT's double LogSoftmax kernel gives finite numbers on a row holding NaN (45.05 for 1) and
@@ -1603,6 +1629,7 @@ DECOMPOSITIONS = {
     **{op: _full_precision_only(op) for op in (_aten.soft_margin_loss.default, _aten.soft_margin_loss_backward.default)},
     _aten._safe_softmax.default: safe_softmax_dtype,
     _aten._log_softmax.default: log_softmax_float64,
+    torch.ops.prims.var.default: shifted_variance,
     _aten.native_batch_norm.default: native_batch_norm,
     _aten._native_batch_norm_legit_functional.default: batch_norm_training,
     _aten._native_batch_norm_legit.no_stats: batch_norm_no_stats,
