@@ -1174,12 +1174,11 @@ def shifted_variance(x: torch.Tensor, dims: Any, correction: float, *, output_dt
     only (the translation keeps the others); divides by ``max(0, N - correction)`` as eager."""
     if not x.is_floating_point() or output_dtype is not None or x.dim() == 0:
         return NotImplemented
-    from torch.fx.experimental.symbolic_shapes import is_concrete_int
-
     dims = list(range(x.dim())) if not dims else [d % x.dim() for d in dims]
-    if not all(is_concrete_int(x.shape[d]) for d in dims):
+    sizes = [_compat.static_int(x.shape[d]) for d in dims]
+    if None in sizes:
         return NotImplemented
-    count = math.prod(int(x.shape[d]) for d in dims)
+    count = math.prod(sizes)
     if count == 0:
         return NotImplemented
     pivot = x
