@@ -335,11 +335,10 @@ def vector_norm(x: torch.Tensor, ord: Any = 2, dim: Any = None, keepdim: bool = 
         return NotImplemented
     if x.dtype in (torch.float16, torch.bfloat16):
         return _aten.linalg_vector_norm.default(x.float(), ord, dim, keepdim).to(x.dtype)
+    dims = list(range(x.dim())) if dim is None else ([dim] if isinstance(dim, int) else list(dim))
     if x.is_floating_point() and ord in (math.inf, -math.inf):
-        dims = list(range(x.dim())) if dim is None else ([dim] if isinstance(dim, int) else list(dim))
         return x.abs().amax(dims, keepdim) if ord > 0 else x.abs().amin(dims, keepdim)
     if x.dtype == torch.float64 and isinstance(ord, (int, float)) and ord not in (0, 1, 2, math.inf, -math.inf):
-        dims = list(range(x.dim())) if dim is None else ([dim] if isinstance(dim, int) else list(dim))
         total = x.abs().pow(float(ord)).sum(dims, keepdim=keepdim)
         return total.pow(1.0 / float(ord))
     return NotImplemented
