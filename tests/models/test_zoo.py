@@ -23,8 +23,8 @@ Tolerances (float32 throughout):
   accurate as eager is within 2x of eager's error; the worst measured with correct
   translations is 0.25 of the bound, while a scaled or wrong gradient is far outside it.
 
-The default run takes the fast subset (``zoo.FAST``); ``--zoo-full`` / ``ORT_LAZY_ZOO_FULL=1``
-runs every model.
+The default run takes the fast subset (``zoo.FAST``, or a smaller one per test kind in
+``FAST_BY_KIND``); ``--zoo-full`` / ``ORT_LAZY_ZOO_FULL=1`` runs every model.
 """
 
 from __future__ import annotations
