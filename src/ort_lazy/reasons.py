@@ -26,6 +26,7 @@ class Reason:
     UNFUSABLE = "TorchScript's fusion pass cannot group this node"
     EMPTY = "an empty tensor (nothing to compute)"
     RETURNED_VIEW = "a view of a graph input the graph returns, with symbolic sizes (made in PyTorch)"
+    VIEW_OUTSIDE = "a shape view of a region's value, read after the region (made in PyTorch: no copy)"
 
 
 #: a suggested fix per reason (matched as a prefix: reasons may carry details)

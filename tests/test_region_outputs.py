@@ -1,0 +1,156 @@
+"""What a region returns: values ORT computed, never a copy made only to change a shape.
+
+ORT writes each region output into a tensor of its own, so a ``view``/``reshape``/``squeeze``/
+``unsqueeze`` that a region returns is a full copy of the value it views (a TransformerEncoderLayer
+training step copied 13 MB per step this way). Views of at least
+:data:`ort_lazy.partition.VIEW_OUTSIDE_BYTES` read after a region are made by PyTorch instead.
+Each case checks the results against eager, that ORT ran, and the class itself: no exported
+region returns a large value through a shape op.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from helpers import assert_close, assert_ran_on_ort, captured_exports, compile_ort
+from ort_lazy import metrics
+from ort_lazy.partition import VIEW_OUTSIDE_BYTES
+
+#: values of this size are large enough to be viewed outside (checked against the module's threshold)
+_LARGE = 1 << 16
+_SHAPE_OPS = {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"}
+_G = torch.Generator().manual_seed(0)
+
+
+def _shape_op_outputs(models: list[Any]) -> list[tuple[str, str, int]]:
+    """(region, op, bytes) of each region output a shape op writes."""
+    import onnx
+
+    found = []
+    for m in models:
+        graph = onnx.shape_inference.infer_shapes(onnx.load_from_string(m.model_bytes)).graph
+        made_by = {o: n.op_type for n in graph.node for o in n.output}
+        for out in graph.output:
+            dims = out.type.tensor_type.shape.dim
+            size = math.prod(d.dim_value for d in dims) * 4 if all(d.HasField("dim_value") for d in dims) else -1
+            if made_by.get(out.name) in _SHAPE_OPS:
+                found.append((m.name, made_by[out.name], size))
+    return found
+
+
+def _rows(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=_G)
+
+
+_W = _rows(64, 64)
+
+
+def _returned_view(x: torch.Tensor) -> Any:
+    y = (x @ _W).relu()
+    return y.view(-1), y.sum(0)  # y read inside (the sum) and, viewed, after the region
+
+
+def _view_of_view(x: torch.Tensor) -> Any:
+    v = (x @ _W).tanh().view(4, 128, 64)
+    flat = v.reshape(512, 64)
+    return v, flat @ _W, flat.unsqueeze(0)  # two views of one value, one also read inside
+
+
+def _input_view_read_by_pytorch(x: torch.Tensor) -> Any:
+    v = x.view(4, 128, 64)  # read inside the region and by the cumsum, excluded from ORT
+    return (v * 2).sin(), torch.cumsum(v, 1)
+
+
+def _squeezed(x: torch.Tensor) -> Any:
+    y = (x @ _W).unsqueeze(1)
+    return y.squeeze(1).exp(), torch.cumsum(y, 0)
+
+
+CASES: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {
+    "returned view of a value read inside": (_returned_view, {}),
+    "view of a view, both read after": (_view_of_view, {}),
+    "view of the input read by PyTorch": (_input_view_read_by_pytorch, {"torch_executed_ops": ("aten.cumsum",)}),
+    "unsqueeze read by PyTorch, squeeze returned": (_squeezed, {"torch_executed_ops": ("aten.cumsum",)}),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_large_views_after_a_region_are_made_in_pytorch(name: str) -> None:
+    fn, options = CASES[name]
+    x = _rows(512, 64)  # 128 KiB values, above the threshold
+    expected = fn(x)
+    metrics.reset()
+    with captured_exports() as models:
+        actual = compile_ort(fn, **options)(x)
+    assert_close(actual, expected)
+    assert_ran_on_ort()
+    assert models
+    assert not [f for f in _shape_op_outputs(models) if f[2] >= _LARGE or f[2] < 0], _shape_op_outputs(models)
+
+
+def test_views_keep_eager_s_aliasing() -> None:
+    """Two views of one value alias each other as in eager (what PyTorch's view gives)."""
+    x = _rows(512, 64)
+    eager = _view_of_view(x)
+    ours = compile_ort(_view_of_view)(x)
+    assert eager[0].untyped_storage().data_ptr() == eager[2].untyped_storage().data_ptr()
+    assert ours[0].untyped_storage().data_ptr() == ours[2].untyped_storage().data_ptr()
+    assert_close(ours, eager)
+
+
+def test_small_views_stay_in_the_region() -> None:
+    """Below the threshold ORT's copy costs less than a PyTorch call: the region returns the view."""
+    w = _rows(16, 16)
+
+    def fn(x: torch.Tensor) -> Any:
+        y = (x @ w).relu()
+        return y.view(-1), y.sum(0)
+
+    x = _rows(8, 16)
+    assert x.numel() * 4 < VIEW_OUTSIDE_BYTES <= _LARGE
+    with captured_exports() as models:
+        actual = compile_ort(fn)(x)
+    assert_close(actual, fn(x))
+    assert ("Reshape", x.numel() * 4) in [(op, size) for _, op, size in _shape_op_outputs(models)]
+
+
+def test_training_regions_return_no_large_views() -> None:
+    """Forward and backward of a transformer layer, its large ReLU gradient in PyTorch between
+    two backward regions (the default): gradients as eager's, no region output a large shape op
+    writes (the backward once returned 13 MB of them per step)."""
+    torch.manual_seed(0)
+    ref = torch.nn.TransformerEncoderLayer(64, 4, 256, dropout=0.0, batch_first=True)
+    ours = copy.deepcopy(ref)
+    x = _rows(8, 64, 64)  # a ReLU gradient of 131072 elements: preferred in PyTorch
+    ref(x).square().mean().backward()
+    metrics.reset()
+    with captured_exports() as models:
+        compile_ort(ours)(x).square().mean().backward()
+    assert_ran_on_ort(3)
+    assert {"forward", "backward"} <= {m.name.split("_")[0] for m in models}, [m.name for m in models]
+    for p_ref, p_ours in zip(ref.parameters(), ours.parameters()):
+        assert_close(p_ours.grad, p_ref.grad, rtol=1e-4, atol=1e-5)
+    large = [f for f in _shape_op_outputs(models) if f[2] >= _LARGE or f[2] < 0]
+    assert not large, large
+
+
+def test_symbolic_views_stay_in_the_region() -> None:
+    """Views whose sizes the graph computes (dynamic shapes) are left where they are, and right."""
+
+    def fn(x: torch.Tensor) -> Any:
+        y = (x @ _W).relu()
+        return y.view(-1), y.sum(0)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="ort", dynamic=True)
+    metrics.reset()
+    for rows in (512, 600):
+        x = _rows(rows, 64)
+        assert_close(compiled(x), fn(x))
+    assert_ran_on_ort(2)
