@@ -133,7 +133,7 @@ def _views_outside(gm: torch.fx.GraphModule, partitions: Sequence[Any], reasons:
 
     ORT writes every region output into a tensor of its own, so a ``Reshape``, ``Squeeze`` or
     ``Unsqueeze`` that a region returns is a copy of the value it views (a TransformerEncoderLayer
-    training step: 1.2 of the 5.7 ms of one backward region). Instead, the readers after the region
+    training step copied 11.6 MB per step this way). Instead, the readers after the region
     get the same view made by PyTorch, which costs no copy, from the value the region already holds
     (now returned in its place) or from the region's own input; a view also read inside the region
     stays there for those readers. The views keep eager's aliasing: in eager they alias their base
