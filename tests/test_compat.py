@@ -245,3 +245,20 @@ def test_type_promotion_runs_only_what_it_promotes_and_writes_what_the_exporter_
     unchanged -= rerun
     assert len(unchanged) >= 5 and not unchanged & set(runs), (unchanged, runs)  # nodes it left were not re-run
     assert set(runs) - unchanged  # the promoted and inserted ones were
+
+
+def test_size_hint_reads_a_symbolic_size_without_a_guard() -> None:
+    """The estimate ``partition`` sizes symbolic views by: the value the shape environment saw,
+    and no guard added (the graph stays valid for every size)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    shape_env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=shape_env)
+    context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC])
+    x = mode.from_tensor(torch.randn(6, 4), symbolic_context=context)
+    numel = x.numel()
+    assert isinstance(numel, torch.SymInt)
+    assert _compat.size_hint(numel) == 24
+    assert not shape_env.guards
+    assert _compat.size_hint(7) == 7

@@ -272,6 +272,21 @@ def static_int(value: Any) -> int | None:
     return int(value) if isinstance(value, torch.SymInt) and is_concrete_int(value) else None
 
 
+def size_hint(value: Any) -> int | None:
+    """An int, or a symbolic int's value as the shape environment last saw it, for estimates
+    (no guard is added: the graph stays valid for every size); None when there is none."""
+    if isinstance(value, int):
+        return value
+    try:
+        from torch.fx.experimental.symbolic_shapes import optimization_hint
+    except ImportError:  # torch without it: no estimate
+        return None
+    try:
+        return int(optimization_hint(value))
+    except Exception:  # an unbacked symbol with no hint
+        return None
+
+
 def new_fake_mode() -> Any:
     """A fresh FakeTensorMode (meta-only tensors carrying dtype/shape/device)."""
     from torch._subclasses.fake_tensor import FakeTensorMode

@@ -20,6 +20,7 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from . import metrics
+from ._compat import size_hint
 from .debug.records import GraphRecord, mark, new_record
 from .export.cache import cached_export, graph_device
 from .export.fx import export_graph
@@ -118,14 +119,22 @@ def _returned_input_views(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
     return found
 
 
-def _movable_view(node: torch.fx.Node) -> bool:
-    """A static shape view of at least :data:`VIEW_OUTSIDE_BYTES` (see :func:`_views_outside`)."""
+def _movable_view(node: torch.fx.Node, region: dict[torch.fx.Node, Any]) -> bool:
+    """A shape view of at least :data:`VIEW_OUTSIDE_BYTES` in ``region`` whose sizes, when the
+    graph computes them (symbolic shapes), come from outside the region (see
+    :func:`_views_outside`)."""
     if node.op != "call_function" or node.target not in _SHAPE_VIEWS:
         return False
-    if not node.args or not isinstance(node.args[0], torch.fx.Node) or len(node.all_input_nodes) != 1:
-        return False  # sizes computed in the graph (symbolic) stay where they are
+    if not node.args or not isinstance(node.args[0], torch.fx.Node):
+        return False
+    sizes = [n for n in node.all_input_nodes if n is not node.args[0]]
+    if any(n in region or not isinstance(n.meta.get("val"), (int, torch.SymInt)) for n in sizes):
+        return False
     val = node.meta.get("val")
-    return isinstance(val, torch.Tensor) and not _symbolic(val) and val.numel() * val.element_size() >= VIEW_OUTSIDE_BYTES
+    if not isinstance(val, torch.Tensor):
+        return False
+    numel = size_hint(val.numel())
+    return numel is not None and numel * val.element_size() >= VIEW_OUTSIDE_BYTES
 
 
 def _views_outside(gm: torch.fx.GraphModule, partitions: Sequence[Any], reasons: dict[torch.fx.Node, str | None]) -> int:
@@ -136,8 +145,9 @@ def _views_outside(gm: torch.fx.GraphModule, partitions: Sequence[Any], reasons:
     training step copied 11.6 MB per step this way). Instead, the readers after the region
     get the same view made by PyTorch, which costs no copy, from the value the region already holds
     (now returned in its place) or from the region's own input; a view also read inside the region
-    stays there for those readers. The views keep eager's aliasing: in eager they alias their base
-    too. Returns how many views were made outside.
+    stays there for those readers; symbolic sizes are read from the graph outside the region, as
+    the view read them. The views keep eager's aliasing: in eager they alias their base too.
+    Returns how many views were made outside.
     """
     made = 0
     for partition in partitions:
@@ -148,7 +158,7 @@ def _views_outside(gm: torch.fx.GraphModule, partitions: Sequence[Any], reasons:
             changed = False
             for view in list(nodes):
                 readers = [u for u in view.users if u not in nodes]
-                if not readers or not _movable_view(view):
+                if not readers or not _movable_view(view, nodes):
                     continue
                 twin = outside.get(view)
                 if twin is None:
