@@ -5,7 +5,7 @@ ORT writes each region output into a tensor of its own, so a ``view``/``reshape`
 training step copied 11.6 MB per step this way). Views of at least
 :data:`ort_lazy.partition.VIEW_OUTSIDE_BYTES` read after a region are made by PyTorch instead.
 Each case checks the results against eager, that ORT ran, and the class itself: no exported
-region returns a large value through a shape op.
+region returns a large value through a shape op, static or symbolic (dynamic shapes).
 """
 
 from __future__ import annotations
