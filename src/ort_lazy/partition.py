@@ -31,12 +31,12 @@ from .runtime.flavour import provider_problem
 from .runtime.region import OrtRegion, compute_ops, dump, open_runner, report_fallback
 from .support import graph_reasons, mark_runtime_weights, probe_error, save_support_table
 
-__all__ = ["compile_graph", "VIEW_OUTSIDE_BYTES"]
+__all__ = ["compile_graph", "SHAPE_VIEWS", "VIEW_OUTSIDE_BYTES"]
 
 _aten = torch.ops.aten
 
 #: views that only reshape: a contiguous tensor stays contiguous, and PyTorch makes them free
-_SHAPE_VIEWS = frozenset(
+SHAPE_VIEWS = frozenset(
     {
         _aten.view.default,
         _aten._unsafe_view.default,
@@ -123,7 +123,7 @@ def _movable_view(node: torch.fx.Node, region: dict[torch.fx.Node, Any]) -> bool
     """A shape view of at least :data:`VIEW_OUTSIDE_BYTES` in ``region`` whose sizes, when the
     graph computes them (symbolic shapes), come from outside the region (see
     :func:`_views_outside`)."""
-    if node.op != "call_function" or node.target not in _SHAPE_VIEWS:
+    if node.op != "call_function" or node.target not in SHAPE_VIEWS:
         return False
     if not node.args or not isinstance(node.args[0], torch.fx.Node):
         return False
@@ -137,7 +137,7 @@ def _movable_view(node: torch.fx.Node, region: dict[torch.fx.Node, Any]) -> bool
     return numel is not None and numel * val.element_size() >= VIEW_OUTSIDE_BYTES
 
 
-def _views_outside(gm: torch.fx.GraphModule, partitions: Sequence[Any], reasons: dict[torch.fx.Node, str | None]) -> int:
+def _views_outside(gm: torch.fx.GraphModule, partitions: Sequence[Any], reasons: dict[torch.fx.Node, str | None]) -> None:
     """Make the large shape views a region would return in PyTorch, after the region.
 
     ORT writes every region output into a tensor of its own, so a ``Reshape``, ``Squeeze`` or
@@ -147,9 +147,7 @@ def _views_outside(gm: torch.fx.GraphModule, partitions: Sequence[Any], reasons:
     (now returned in its place) or from the region's own input; a view also read inside the region
     stays there for those readers; symbolic sizes are read from the graph outside the region, as
     the view read them. The views keep eager's aliasing: in eager they alias their base too.
-    Returns how many views were made outside.
     """
-    made = 0
     for partition in partitions:
         nodes = partition.nodes
         outside: dict[torch.fx.Node, torch.fx.Node] = {}
@@ -167,7 +165,6 @@ def _views_outside(gm: torch.fx.GraphModule, partitions: Sequence[Any], reasons:
                     twin.meta = dict(view.meta)
                     reasons[twin] = Reason.VIEW_OUTSIDE
                     outside[view] = twin
-                    made += 1
                 for reader in readers:
                     reader.replace_input_with(view, twin)
                 if not view.users:
@@ -175,7 +172,6 @@ def _views_outside(gm: torch.fx.GraphModule, partitions: Sequence[Any], reasons:
                     reasons.pop(view, None)
                     gm.graph.erase_node(view)
                 changed = True
-    return made
 
 
 def _record(reasons: dict[torch.fx.Node, str | None]) -> None:

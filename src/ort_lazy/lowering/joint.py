@@ -34,6 +34,7 @@ import torch
 import torch.fx
 
 from .. import _compat
+from ..partition import SHAPE_VIEWS
 
 __all__ = ["simplify_joint", "views_to_backward", "partition", "written_placeholders"]
 
@@ -43,16 +44,10 @@ _DETACHES = {torch.ops.aten.detach.default, torch.ops.aten.alias.default}
 #: saving the input instead of the view never saves more
 _WHOLE_VIEWS = {
     *_DETACHES,
-    torch.ops.aten.view.default,
-    torch.ops.aten._unsafe_view.default,
-    torch.ops.aten.reshape.default,
+    *SHAPE_VIEWS,
     torch.ops.aten.t.default,
     torch.ops.aten.transpose.int,
     torch.ops.aten.permute.default,
-    torch.ops.aten.unsqueeze.default,
-    torch.ops.aten.squeeze.default,
-    torch.ops.aten.squeeze.dim,
-    torch.ops.aten.squeeze.dims,
     torch.ops.aten.expand.default,
 }
 
