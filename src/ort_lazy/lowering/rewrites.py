@@ -319,6 +319,14 @@ def _full_precision_only(op: Any) -> Any:
     return decompose
 
 
+def _reduced_dims(x: torch.Tensor, dim: Any) -> list[int]:
+    """The dims a reduction's ``dim`` argument names, non-negative: every dim for None or an
+    empty list, else ``dim`` (an int or a sequence) in its order."""
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        return list(range(x.dim()))
+    return [d % max(x.dim(), 1) for d in ([dim] if isinstance(dim, int) else dim)]
+
+
 def vector_norm(x: torch.Tensor, ord: Any = 2, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Any:
     """``linalg_vector_norm`` where the exporter's translation loses precision:
 
@@ -335,7 +343,7 @@ def vector_norm(x: torch.Tensor, ord: Any = 2, dim: Any = None, keepdim: bool = 
         return NotImplemented
     if x.dtype in (torch.float16, torch.bfloat16):
         return _aten.linalg_vector_norm.default(x.float(), ord, dim, keepdim).to(x.dtype)
-    dims = list(range(x.dim())) if dim is None else ([dim] if isinstance(dim, int) else list(dim))
+    dims = _reduced_dims(x, dim)
     if x.is_floating_point() and ord in (math.inf, -math.inf):
         return x.abs().amax(dims, keepdim) if ord > 0 else x.abs().amin(dims, keepdim)
     if x.dtype == torch.float64 and isinstance(ord, (int, float)) and ord not in (0, 1, 2, math.inf, -math.inf):
@@ -1173,7 +1181,7 @@ def shifted_variance(x: torch.Tensor, dims: Any, correction: float, *, output_dt
     only (the translation keeps the others); divides by ``max(0, N - correction)`` as eager."""
     if not x.is_floating_point() or output_dtype is not None or x.dim() == 0:
         return NotImplemented
-    dims = list(range(x.dim())) if not dims else [d % x.dim() for d in dims]
+    dims = _reduced_dims(x, dims)
     sizes = [_compat.static_int(x.shape[d]) for d in dims]
     if None in sizes:
         return NotImplemented
