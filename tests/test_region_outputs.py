@@ -99,7 +99,9 @@ def test_views_keep_eager_s_aliasing() -> None:
     """Two views of one value alias each other as in eager (what PyTorch's view gives)."""
     x = _rows(1024, 64)
     eager = _view_of_view(x)
+    metrics.reset()
     ours = compile_ort(_view_of_view)(x)
+    assert_ran_on_ort()
     assert eager[0].untyped_storage().data_ptr() == eager[2].untyped_storage().data_ptr()
     assert ours[0].untyped_storage().data_ptr() == ours[2].untyped_storage().data_ptr()
     assert_close(ours, eager)
@@ -115,9 +117,11 @@ def test_small_views_stay_in_the_region() -> None:
 
     x = _rows(8, 16)
     assert x.numel() * 4 < VIEW_OUTSIDE_BYTES <= _LARGE
+    metrics.reset()
     with captured_exports() as models:
         actual = compile_ort(fn)(x)
     assert_close(actual, fn(x))
+    assert_ran_on_ort()
     assert ("Reshape", x.numel() * 4) in [(op, size) for _, op, size in _shape_op_outputs(models)]
 
 
