@@ -1,0 +1,143 @@
+"""Higher-order ops and function transforms inside a compiled function: eager's values and gradients.
+
+``torch.cond``, ``while_loop``, ``map``, ``associative_scan``, nested compile regions and
+``flex_attention`` reach the backend as higher-order ops whose bodies are graphs of their own;
+``torch.func`` transforms and ``autograd.Function`` are traced through. The ops around them run
+on ORT (each case has some, and the test checks ORT ran); the higher-order ops run in PyTorch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from helpers import assert_close, assert_ran_on_ort, compile_ort
+
+
+def _cond(x: torch.Tensor) -> torch.Tensor:
+    y = torch.cond(x.sum() > 0, lambda a: (a.sin() * 2).relu(), lambda a: a.cos() - 1, (x * 3,))
+    return y.exp() + x
+
+
+def _cond_other_branch(x: torch.Tensor) -> torch.Tensor:
+    return _cond(-x.abs())
+
+
+def _while(x: torch.Tensor) -> torch.Tensor:
+    from torch._higher_order_ops.while_loop import while_loop
+
+    def keep_going(i: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        return i < 3
+
+    def body(i: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return i + 1, a * 1.5 + 1
+
+    return while_loop(keep_going, body, (torch.tensor(0), x.tanh()))[1] * 2
+
+
+def _map(x: torch.Tensor) -> torch.Tensor:
+    from torch._higher_order_ops.map import map as hop_map
+
+    return hop_map(lambda row: row.tanh() + 1, x.sigmoid()) * x
+
+
+def _scan(x: torch.Tensor) -> torch.Tensor:
+    from torch._higher_order_ops.associative_scan import associative_scan
+
+    return associative_scan(lambda a, b: a * b + a, x.sigmoid(), 0, combine_mode="generic").log1p()
+
+
+@torch.compiler.nested_compile_region
+def _block(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.gelu(a @ w) + 1
+
+
+def _nested(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return _block(x, w) + _block(x.sin(), w)
+
+
+def _flex(x: torch.Tensor) -> torch.Tensor:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    q = (x * 0.5).reshape(1, 2, 4, 8)
+    return flex_attention(q, q.cos(), q.sin())
+
+
+def _vmap(x: torch.Tensor) -> torch.Tensor:
+    return torch.vmap(lambda row: (row.sin() * row).sum())(x * 2)
+
+
+def _grad(x: torch.Tensor) -> torch.Tensor:
+    return torch.func.grad(lambda r: (r.sin() * r).sum())(x)
+
+
+def _jacrev(x: torch.Tensor) -> torch.Tensor:
+    return torch.func.jacrev(lambda r: r.sin() * r.sum())(x[0])
+
+
+class _Exp2(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, a: torch.Tensor) -> torch.Tensor:
+        out = a.exp() * 2
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> torch.Tensor:
+        (out,) = ctx.saved_tensors  # type: ignore[attr-defined]
+        return grad * out
+
+
+def _autograd_function(x: torch.Tensor) -> torch.Tensor:
+    return _Exp2.apply(x.tanh()) * x
+
+
+CASES: dict[str, Callable[..., torch.Tensor]] = {
+    "cond": _cond,
+    "cond_other_branch": _cond_other_branch,
+    "while_loop": _while,
+    "map": _map,
+    "associative_scan": _scan,
+    "nested_compile_region": _nested,
+    "flex_attention": _flex,
+    "vmap": _vmap,
+    "func_grad": _grad,
+    "jacrev": _jacrev,
+    "autograd_function": _autograd_function,
+}
+
+#: cases whose gradients are checked too (the others' higher-order ops have no autograd
+#: support in eager PyTorch on the CPU, or are transforms already computing a gradient)
+TRAINED = ("cond", "cond_other_branch", "nested_compile_region", "autograd_function", "vmap")
+
+
+def _inputs(name: str) -> tuple[torch.Tensor, ...]:
+    torch.manual_seed(0)
+    x = torch.randn(8, 8)
+    return (x, torch.randn(8, 8) * 0.3) if name == "nested_compile_region" else (x,)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_forward_matches_eager(name: str) -> None:
+    fn = CASES[name]
+    inputs = _inputs(name)
+    expected = fn(*inputs)
+    actual = compile_ort(fn)(*inputs)
+    assert_close(actual, expected)
+    assert_ran_on_ort()
+
+
+@pytest.mark.parametrize("name", TRAINED)
+def test_gradients_match_eager(name: str) -> None:
+    fn = CASES[name]
+    ref = [t.clone().requires_grad_() for t in _inputs(name)]
+    fn(*ref).square().sum().backward()
+    ours = [t.clone().requires_grad_() for t in _inputs(name)]
+    out = compile_ort(fn)(*ours)
+    out.square().sum().backward()
+    assert_close(out.detach(), fn(*ref).detach())
+    for mine, theirs in zip(ours, ref):
+        assert_close(mine.grad, theirs.grad, rtol=1e-4, atol=1e-5)
+    assert_ran_on_ort(2)
