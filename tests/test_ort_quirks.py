@@ -11,7 +11,7 @@ import onnxruntime as ort
 import torch
 from onnx import TensorProto, helper
 
-from helpers import assert_close, assert_ran_on_ort, captured_exports, compile_ort
+from helpers import assert_close, assert_ran_on_ort, aten_graph, captured_exports, compile_ort
 from ort_lazy.runtime.quirks import (
     DOUBLE_LOG_SOFTMAX_NAN,
     MATMUL_TRANSPOSE_FUSION,
@@ -267,3 +267,21 @@ def test_silu_becomes_one_division() -> None:
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
         ops = [n.op_type for n in onnx.load_from_string(exact_sigmoid(model)).graph.node]
         assert "Reciprocal" in ops and "Mul" in ops and "Sigmoid" not in ops
+
+
+def test_export_makes_cpu_sigmoids_exact_once() -> None:
+    """A model exported for the CPU provider already has its Sigmoids rewritten (and says so), so
+    opening a session, in this process or a warm one, need not parse it; one for CUDA keeps them."""
+    from ort_lazy.export.fx import export_graph
+
+    gm = aten_graph(lambda x: torch.nn.functional.silu(x) + torch.sigmoid(x * 2), torch.randn(4, 8))
+    cpu = export_graph(gm)
+    assert cpu.facts.get("exact_sigmoid") is True
+    assert "Sigmoid" not in [n.op_type for n in onnx.load_from_string(cpu.model_bytes).graph.node]
+    cuda = export_graph(gm, providers=("CUDAExecutionProvider", "CPUExecutionProvider"))
+    assert "exact_sigmoid" not in cuda.facts
+    assert "Sigmoid" in [n.op_type for n in onnx.load_from_string(cuda.model_bytes).graph.node]
+    x = torch.tensor(_SIGMOID_ARGUMENTS, dtype=torch.float32)
+    got = compile_ort(lambda t: torch.nn.functional.silu(t) + torch.sigmoid(t * 2))(x)
+    assert_close(got, torch.nn.functional.silu(x) + torch.sigmoid(x * 2), rtol=1e-6, atol=0, scale=False)
+    assert_ran_on_ort()

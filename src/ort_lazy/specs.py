@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,16 +94,27 @@ class OrtModel:
     name: str = "region"
     #: initializers whose data the session gets from torch tensors: name -> graph position
     external: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: what analyses of the model's bytes found, by name (JSON values, see :meth:`fact`); kept
+    #: with the model in the compile cache, so a warm process need not parse the model (nor
+    #: import ``onnx``) to open a session for it
+    facts: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.digest = hashlib.sha256(self.model_bytes).hexdigest()
 
+    def fact(self, name: str, analysis: Callable[[bytes], Any]) -> Any:
+        """``analysis(model_bytes)``, computed once per model and remembered as ``name``."""
+        if name not in self.facts:
+            self.facts[name] = analysis(self.model_bytes)
+        return self.facts[name]
+
     def describe(self) -> dict[str, Any]:
-        """Names and specs of inputs and outputs (JSON-friendly)."""
+        """Names and specs of inputs and outputs, and the facts known so far (JSON-friendly)."""
         return {
             "inputs": [spec_to_json(s, n) for n, s in zip(self.input_names, self.input_specs)],
             "outputs": [spec_to_json(s, n) for n, s in zip(self.output_names, self.output_specs)],
             "external": dict(self.external),
+            "facts": dict(self.facts),
         }
 
     @classmethod
@@ -116,4 +128,5 @@ class OrtModel:
             output_specs=[spec_from_json(d) for d in data["outputs"]],
             name=name,
             external={str(k): int(v) for k, v in data.get("external", {}).items()},
+            facts=dict(data.get("facts", {})),
         )

@@ -14,6 +14,7 @@ from .. import _compat
 from ..debug.nvtx import nvtx_range
 from ..options import Options
 from ..runtime.disk_cache import cache_key, disk_cache
+from ..runtime.region import learn_facts
 from ..specs import OrtModel, spec_to_json
 from .fx import export_graph, spec_of
 
@@ -63,9 +64,9 @@ def clear_shared_models() -> None:
 def _cached_export(
     sub: torch.fx.GraphModule, name: str, options: Options, constants: dict[int, torch.Tensor] | None, shared: bool
 ) -> OrtModel:
-    providers = options.resolve_providers(graph_device(sub))
     cache = disk_cache(options.cache_dir)
     if cache is None and not shared:
+        providers = options.resolve_providers(graph_device(sub))
         return export_graph(sub, name, constants, providers, shared=shared, precision=options.precision)
     specs = [spec_of(n.meta.get("val")) for n in sub.graph.nodes if n.op == "placeholder"]
     if shared:
@@ -80,7 +81,7 @@ def _cached_export(
                 _SHARED_MODELS.move_to_end(key)
         if known is not None:
             return OrtModel.from_description(known[0], known[1], name)
-        model = export_graph(sub, name, constants, providers, shared=shared, precision=options.precision)
+        model = _exported(sub, name, options, constants, shared)
         with _shared_lock:
             _SHARED_MODELS[key] = (model.model_bytes, model.describe())
             while len(_SHARED_MODELS) > _SHARED_MODELS_SIZE:
@@ -93,8 +94,20 @@ def _cached_export(
             return OrtModel.from_description(blob, data, name)
         except (KeyError, TypeError, ValueError):
             pass  # an entry of another layout: export again and overwrite it
-    model = export_graph(sub, name, constants, providers, shared=shared, precision=options.precision)
+    model = _exported(sub, name, options, constants, shared)
     cache.put_model(key, model.model_bytes, model.describe())
+    return model
+
+
+def _exported(
+    sub: torch.fx.GraphModule, name: str, options: Options, constants: dict[int, torch.Tensor] | None, shared: bool
+) -> OrtModel:
+    """:func:`export_graph` for a model that is kept (on disk or in this process), with the
+    facts a runner reads from it (:func:`~ort_lazy.runtime.region.learn_facts`), so the process
+    that reuses it opens a session without parsing it."""
+    device = graph_device(sub)
+    model = export_graph(sub, name, constants, options.resolve_providers(device), shared=shared, precision=options.precision)
+    learn_facts(model, device)
     return model
 
 

@@ -13,6 +13,7 @@ import torch
 import torch.fx
 
 from .. import _compat, metrics
+from ..runtime.quirks import exact_sigmoid
 from ..specs import TORCH_TO_ONNX, OrtModel, TensorSpec
 from .half import float32_products, narrow_to_float16
 from .quantize import quantize_dynamic_int8
@@ -503,14 +504,22 @@ def export_graph(
         if n.op == "call_function" and isinstance(n.meta.get("val"), torch.Tensor)
     }
     _check_inferred_types(proto, out_specs, name, values)
+    model_bytes = proto.SerializeToString()
+    facts: dict[str, Any] = {}
+    if (providers or _CPU)[0] == _CPU[0]:
+        # ORT's CPU Sigmoid is an approximation: rewritten once here, not at each session
+        # (nor in a warm process, which would have to parse the model)
+        model_bytes = exact_sigmoid(model_bytes, providers or _CPU)
+        facts["exact_sigmoid"] = True
     result = OrtModel(
-        model_bytes=proto.SerializeToString(),
+        model_bytes=model_bytes,
         input_names=[i.name for i in proto.graph.input],
         output_names=[o.name for o in proto.graph.output],
         input_specs=in_specs,
         output_specs=out_specs,
         name=name,
         external=external,
+        facts=facts,
     )
     if len(result.input_names) != len(placeholders) or len(result.output_names) != len(out_nodes):
         raise ExportError(

@@ -14,6 +14,7 @@ from typing import Any
 
 __all__ = [
     "disabled_optimizers",
+    "has_vector_matmul",
     "MATMUL_TRANSPOSE_FUSION",
     "SKIP_LAYER_NORM_FUSION",
     "INT64_REDUCTIONS_IN_DOUBLE",
@@ -220,20 +221,29 @@ def _exact_sigmoids(graph: Any, types: dict[str, int], counter: list[int]) -> in
     return replaced
 
 
-def disabled_optimizers(model_bytes: bytes, providers: Sequence[str] = ("CPUExecutionProvider",)) -> list[str]:
+def disabled_optimizers(
+    model_bytes: bytes, providers: Sequence[str] = ("CPUExecutionProvider",), vector_matmul: bool | None = None
+) -> list[str]:
     """ORT graph optimizers to switch off for this model run by ``providers`` (in ORT's order
-    of preference; see the module's entries)."""
+    of preference; see the module's entries). ``vector_matmul``: :func:`has_vector_matmul` of
+    the model when already known (else it is worked out here)."""
     disabled = []
     if providers and providers[0] == "CPUExecutionProvider" and b"LayerNormalization" in model_bytes:
         disabled.append(SKIP_LAYER_NORM_FUSION)
     if b"Where" in model_bytes and b"Not" in model_bytes:
         disabled.append(NOT_WHERE_FUSION)
-    if b"MatMul" in model_bytes:  # cheap pre-check: most models need no parsing
-        import onnx
-
-        if _has_vector_matmul(onnx.load_from_string(model_bytes)):
-            disabled.append(MATMUL_TRANSPOSE_FUSION)
+    if has_vector_matmul(model_bytes) if vector_matmul is None else vector_matmul:
+        disabled.append(MATMUL_TRANSPOSE_FUSION)
     return disabled
+
+
+def has_vector_matmul(model_bytes: bytes) -> bool:
+    """Whether a MatMul of the model may see a 1-D operand (see :data:`MATMUL_TRANSPOSE_FUSION`)."""
+    if b"MatMul" not in model_bytes:  # cheap pre-check: most models need no parsing
+        return False
+    import onnx
+
+    return _has_vector_matmul(onnx.load_from_string(model_bytes))
 
 
 def _ranks(graph: Any) -> dict[str, int]:

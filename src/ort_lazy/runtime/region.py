@@ -30,8 +30,9 @@ from ..opnames import op_name
 from ..options import Options
 from ..reasons import Reason
 from ..specs import OrtModel
+from .quirks import has_vector_matmul
 from .session import ORT_DEVICES, OrtInputError, OrtRunError, OrtRunner
-from .threads import region_plan
+from .threads import model_flops, region_plan
 
 __all__ = ["Region", "OrtRegion", "TorchScriptGroup", "open_runner", "ops_text", "report_fallback", "dump", "compute_ops"]
 
@@ -62,11 +63,20 @@ def open_runner(
     Raises:
         OrtRunError: the session could not be created.
     """
-    threads, park = region_plan(model.model_bytes) if device.type == "cpu" else (None, False)
+    threads, park = region_plan(model_flops(model)) if device.type == "cpu" else (None, False)
     initializers = (
         {name: weights[pos].contiguous() for name, pos in model.external.items()} if weights and model.external else None
     )
     return OrtRunner(model, options, device, spinning=spinning, threads=threads, initializers=initializers, park=park)
+
+
+def learn_facts(model: OrtModel, device: torch.device) -> None:
+    """Work out what opening a runner for ``model`` on ``device`` reads from its bytes (its
+    work, for the thread plan on the CPU; whether a MatMul sees a vector, for ORT's optimizers),
+    so a model the compile cache keeps carries them and a warm process need not parse it."""
+    model.fact("vector_matmul", has_vector_matmul)
+    if device.type == "cpu":
+        model_flops(model)
 
 
 def report_fallback(name: str, ops: Sequence[str], counter: str, reason: str, error: BaseException, what: str) -> None:

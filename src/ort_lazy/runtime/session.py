@@ -24,7 +24,7 @@ from ..options import Options, OptionsError, apply_session_options
 from ..specs import OrtModel, TensorSpec
 from . import _ort
 from .flavour import max_ir_version, onnxruntime
-from .quirks import disabled_optimizers, exact_sigmoid
+from .quirks import disabled_optimizers, exact_sigmoid, has_vector_matmul
 from .threads import parking
 
 __all__ = [
@@ -264,11 +264,13 @@ def create_session(
                 names = list(initializers)
                 so.add_external_initializers(names, [_ort.ortvalue_of(initializers[n]) for n in names])
             sess = ort.InferenceSession(
-                _clamp_ir_version(exact_sigmoid(model.model_bytes, providers)),
+                _clamp_ir_version(model.model_bytes if model.facts.get("exact_sigmoid") else exact_sigmoid(model.model_bytes, providers)),
                 sess_options=so,
                 providers=list(providers),
                 provider_options=provider_opts,
-                disabled_optimizers=disabled_optimizers(model.model_bytes, providers),
+                disabled_optimizers=disabled_optimizers(
+                    model.model_bytes, providers, model.fact("vector_matmul", has_vector_matmul)
+                ),
             )
     except OrtRunError:
         raise

@@ -17,9 +17,12 @@ import math
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["SMALL_REGION_FLOPS", "PARK_REGION_FLOPS", "estimated_flops", "region_plan", "parking"]
+if TYPE_CHECKING:
+    from ..specs import OrtModel
+
+__all__ = ["SMALL_REGION_FLOPS", "PARK_REGION_FLOPS", "estimated_flops", "model_flops", "region_plan", "parking"]
 
 #: Regions estimated below this many floating-point operations per call run on one ORT thread.
 SMALL_REGION_FLOPS = 16e6
@@ -78,11 +81,17 @@ def estimated_flops(model_bytes: bytes) -> float | None:
     return total
 
 
-def region_plan(model_bytes: bytes) -> tuple[int | None, bool]:
-    """(ORT intra-op threads, whether its runs park PyTorch's workers) for a model on the CPU:
-    one thread below :data:`SMALL_REGION_FLOPS`, PyTorch's count above it, parked from
+def model_flops(model: OrtModel) -> float | None:
+    """:func:`estimated_flops` of ``model``, computed once and kept on it (the compile cache
+    stores it with the model: a warm process plans its threads without parsing the model)."""
+    return model.fact("flops", estimated_flops)  # type: ignore[no-any-return]
+
+
+def region_plan(flops: float | None) -> tuple[int | None, bool]:
+    """(ORT intra-op threads, whether its runs park PyTorch's workers) for a model on the CPU
+    estimated at ``flops`` per run (:func:`model_flops`): one thread below
+    :data:`SMALL_REGION_FLOPS`, PyTorch's count above it, parked from
     :data:`PARK_REGION_FLOPS` on (and when the work cannot be estimated)."""
-    flops = estimated_flops(model_bytes)
     if flops is None:
         return None, True
     if flops < SMALL_REGION_FLOPS:
