@@ -262,3 +262,11 @@ def test_size_hint_reads_a_symbolic_size_without_a_guard() -> None:
     assert _compat.size_hint(numel) == 24
     assert not shape_env.guards
     assert _compat.size_hint(7) == 7
+
+
+def test_body_calling_ops_are_this_torchs_higher_order_ops() -> None:
+    from torch._ops import HigherOrderOperator
+
+    ops = _compat.body_calling_ops()
+    assert torch.ops.higher_order.cond in ops and torch.ops.higher_order.invoke_subgraph in ops
+    assert all(isinstance(op, HigherOrderOperator) for op in ops) and len(ops) == 4

@@ -3,7 +3,9 @@
 ``torch.cond``, ``while_loop``, ``map``, ``associative_scan``, nested compile regions and
 ``flex_attention`` reach the backend as higher-order ops whose bodies are graphs of their own;
 ``torch.func`` transforms and ``autograd.Function`` are traced through. The ops around them run
-on ORT (each case has some, and the test checks ORT ran); the higher-order ops run in PyTorch.
+on ORT (each case has some, and the test checks ORT ran); the higher-order ops run in PyTorch,
+and the bodies PyTorch calls on plain tensors (``cond``'s branches, ``while_loop``'s functions,
+``map``'s function, a nested compile region) are lowered like any graph: their regions run on ORT.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import pytest
 import torch
 
 from helpers import assert_close, assert_ran_on_ort, compile_ort
+from ort_lazy.debug.records import recording
 
 
 def _cond(x: torch.Tensor) -> torch.Tensor:
@@ -113,6 +116,20 @@ CASES: dict[str, Callable[..., torch.Tensor]] = {
 TRAINED = ("cond", "cond_other_branch", "nested_compile_region", "autograd_function", "vmap")
 
 
+#: an op that only the body of the case's higher-order op has: a region on ORT holds it
+BODY_OPS = {
+    "cond": "aten.sin",
+    "cond_other_branch": "aten.cos",
+    "while_loop": "aten.lt",
+    "map": "aten.tanh",
+    "nested_compile_region": "aten.mm",
+}
+
+
+def _regions_with(records: list, op: str) -> list[str]:
+    return [r["name"] for g in records for r in g.regions if r["on_ort"] and any(o.startswith(op + ".") for o in r["ops"])]
+
+
 def _inputs(name: str) -> tuple[torch.Tensor, ...]:
     torch.manual_seed(0)
     x = torch.randn(8, 8)
@@ -124,9 +141,12 @@ def test_forward_matches_eager(name: str) -> None:
     fn = CASES[name]
     inputs = _inputs(name)
     expected = fn(*inputs)
-    actual = compile_ort(fn)(*inputs)
+    with recording() as records:
+        actual = compile_ort(fn)(*inputs)
     assert_close(actual, expected)
     assert_ran_on_ort()
+    if name in BODY_OPS:
+        assert _regions_with(records, BODY_OPS[name]), [(g.tag, g.regions) for g in records]
 
 
 @pytest.mark.parametrize("name", TRAINED)
@@ -135,9 +155,12 @@ def test_gradients_match_eager(name: str) -> None:
     ref = [t.clone().requires_grad_() for t in _inputs(name)]
     fn(*ref).square().sum().backward()
     ours = [t.clone().requires_grad_() for t in _inputs(name)]
-    out = compile_ort(fn)(*ours)
-    out.square().sum().backward()
+    with recording() as records:
+        out = compile_ort(fn)(*ours)
+        out.square().sum().backward()
     assert_close(out.detach(), fn(*ref).detach())
     for mine, theirs in zip(ours, ref):
         assert_close(mine.grad, theirs.grad, rtol=1e-4, atol=1e-5)
     assert_ran_on_ort(2)
+    if name == "nested_compile_region":  # the body's forward and backward graphs
+        assert len(_regions_with(records, "aten.mm")) >= 2, [(g.tag, g.regions) for g in records]

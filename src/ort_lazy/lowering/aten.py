@@ -63,6 +63,45 @@ def _failed(tag: str, error: BaseException, options: Options) -> None:
     record_failure(tag, text)
 
 
+def _lowered(
+    gm: torch.fx.GraphModule, options: Options, tag: str, constants: dict[int, torch.Tensor] | None, mode: str
+) -> torch.fx.GraphModule:
+    """A copy of the aten graph ``gm`` with its supported regions on ORT, and the graphs of its
+    higher-order ops' bodies too (:func:`_lower_bodies`)."""
+    work = copy_graph_module(gm)
+    storage_order_views(work)
+    simplify_aten(work)
+    # dead values (a view AOTAutograd regenerates outside the graph) would make regions
+    # without outputs; ops that write stay (impure)
+    work.graph.eliminate_dead_code()
+    drop_unused_indices(work)
+    _lower_bodies(work, options, tag)
+    # AOTAutograd may call its compilers inside its fake mode; regions read real weights
+    with _compat.real_tensor_mode():
+        return compile_graph(work, options, tag=tag, constants=constants, weights=mode)
+
+
+def _lower_bodies(gm: torch.fx.GraphModule, options: Options, tag: str) -> None:
+    """Lower the graphs higher-order ops of ``gm`` call (``torch.cond``'s branches, a
+    ``while_loop``'s condition and body, ``map``'s function, a nested compile region's body:
+    :func:`~ort_lazy._compat.body_calling_ops`) like ``gm`` itself, in place: the op still runs
+    in PyTorch and calls its body, whose regions then run on ORT. A body used by several ops is lowered once; one that
+    fails to lower stays as it was (counted and warned, like any graph)."""
+    for node in gm.graph.nodes:
+        if node.op != "get_attr":
+            continue
+        body = getattr(gm, node.target, None)
+        if not isinstance(body, torch.fx.GraphModule) or not node.users:
+            continue
+        if not all(u.op == "call_function" and u.target in _compat.body_calling_ops() for u in node.users):
+            continue
+        name = f"{tag}_{node.target}"
+        try:
+            setattr(gm, node.target, _lowered(body, options, name, None, "snapshot"))
+        except Exception as e:
+            _failed(name, e, options)
+
+
 #: on a GPU, inference weights up to this many bytes in all are copied into the model (ORT
 #: keeps its own device copy and folds them); larger ones are passed as graph inputs
 GPU_COPIED_WEIGHTS_BYTES = 1 << 30
@@ -103,16 +142,7 @@ def _aot_compiler(
                 options.precision,
             )
         try:
-            work = copy_graph_module(gm)
-            storage_order_views(work)
-            simplify_aten(work)
-            # dead values (a view AOTAutograd regenerates outside the graph) would make regions
-            # without outputs; ops that write stay (impure)
-            work.graph.eliminate_dead_code()
-            drop_unused_indices(work)
-            # AOTAutograd may call its compilers inside its fake mode; regions read real weights
-            with _compat.real_tensor_mode():
-                forward = compile_graph(work, options, tag=tag, constants=constants, weights=mode).forward
+            forward = _lowered(gm, options, tag, constants, mode).forward
         except Exception as e:
             _failed(tag, e, options)
             forward = gm.forward  # the graph as AOTAutograd made it, untouched
