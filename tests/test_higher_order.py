@@ -17,6 +17,7 @@ import torch
 
 from helpers import assert_close, assert_ran_on_ort, compile_ort
 from ort_lazy.debug.records import recording
+from ort_lazy.reasons import Reason
 
 
 def _cond(x: torch.Tensor) -> torch.Tensor:
@@ -164,3 +165,16 @@ def test_gradients_match_eager(name: str) -> None:
     assert_ran_on_ort(2)
     if name == "nested_compile_region":  # the body's forward and backward graphs
         assert len(_regions_with(records, "aten.mm")) >= 2, [(g.tag, g.regions) for g in records]
+
+
+def test_explain_lists_the_higher_order_ops_and_their_graphs() -> None:
+    import ort_lazy
+
+    report = ort_lazy.explain(lambda x: _map(_cond(x)), torch.randn(8, 8))
+    text = str(report)
+    assert "PyTorch  higher_order.cond" in text and "PyTorch  higher_order.map_impl" in text, text
+    for body in ("true_graph_0", "false_graph_0", "body_graph_0"):
+        assert f"ORT      inference_{body}_fused_0" in text, text
+    ops = [op for g in report.as_dict()["graphs"] for s in g["steps"] if s["where"] == "pytorch" for op in s["ops"]]
+    assert [op["op"] for op in ops] == ["higher_order.cond", "higher_order.map_impl"], ops
+    assert all(op["reason"] == Reason.HIGHER_ORDER for op in ops), ops

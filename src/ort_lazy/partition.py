@@ -348,15 +348,22 @@ def _steps(
             entry = node.target.__self__.report
         if entry is not None:
             steps.append(entry)
-        elif node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
-            reason = reasons.get(node, Reason.NO_MAPPING)
+            continue
+        if node.op != "call_function":
+            continue
+        if isinstance(node.target, torch._ops.HigherOrderOperator):
+            op, reason = f"higher_order.{node.target.name()}", Reason.HIGHER_ORDER
+        elif isinstance(node.target, torch._ops.OpOverload):
+            op, reason = op_name(node.target), reasons.get(node, Reason.NO_MAPPING)
             if reason in (Reason.SYMBOLIC, Reason.VIEW_OUTSIDE):
                 continue
             if reason is None:  # supported, but in a region min_block_size kept off ORT
                 reason = Reason.SMALL_REGION
-            if not steps or "pytorch" not in steps[-1]:
-                steps.append({"pytorch": []})
-            steps[-1]["pytorch"].append((op_name(node.target), reason))
+        else:
+            continue
+        if not steps or "pytorch" not in steps[-1]:
+            steps.append({"pytorch": []})
+        steps[-1]["pytorch"].append((op, reason))
     return steps
 
 

@@ -27,6 +27,7 @@ class Reason:
     EMPTY = "an empty tensor (nothing to compute)"
     RETURNED_VIEW = "a view of a graph input the graph returns, with symbolic sizes (made in PyTorch)"
     VIEW_OUTSIDE = "a shape view of a region's value, read after the region (made in PyTorch: no copy)"
+    HIGHER_ORDER = "a higher-order op (runs in PyTorch and calls its graphs, listed as graphs of their own)"
 
 
 #: a suggested fix per reason (matched as a prefix: reasons may carry details)
@@ -49,6 +50,8 @@ SUGGESTIONS = {
     Reason.EMPTY: "nothing to do: an op on empty tensors has nothing for ORT to compute",
     Reason.RETURNED_VIEW: "nothing to do: a view costs nothing in PyTorch, and AOTAutograd rebuilds such an "
     "output from the view itself",
+    Reason.HIGHER_ORDER: "nothing to do: the graphs it calls run their regions on ORT where PyTorch calls them "
+    "on plain tensors (cond, while_loop, map, nested compile regions)",
     Reason.UNFUSABLE: "nothing to do on the TorchScript / LazyTensor front doors; torch.compile(backend='ort') "
     "runs such nodes on ORT",
 }
