@@ -269,4 +269,4 @@ def test_body_calling_ops_are_this_torchs_higher_order_ops() -> None:
 
     ops = _compat.body_calling_ops()
     assert torch.ops.higher_order.cond in ops and torch.ops.higher_order.invoke_subgraph in ops
-    assert all(isinstance(op, HigherOrderOperator) for op in ops) and len(ops) == 4
+    assert all(isinstance(op, HigherOrderOperator) for op in ops) and len(ops) == 5

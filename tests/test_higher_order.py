@@ -5,7 +5,8 @@
 ``torch.func`` transforms and ``autograd.Function`` are traced through. The ops around them run
 on ORT (each case has some, and the test checks ORT ran); the higher-order ops run in PyTorch,
 and the bodies PyTorch calls on plain tensors (``cond``'s branches, ``while_loop``'s functions,
-``map``'s function, a nested compile region) are lowered like any graph: their regions run on ORT.
+``map``'s and ``scan``'s functions, a nested compile region) are lowered like any graph: their
+regions run on ORT.
 """
 
 from __future__ import annotations
@@ -51,6 +52,17 @@ def _scan(x: torch.Tensor) -> torch.Tensor:
     from torch._higher_order_ops.associative_scan import associative_scan
 
     return associative_scan(lambda a, b: a * b + a, x.sigmoid(), 0, combine_mode="generic").log1p()
+
+
+def _scan_rnn(x: torch.Tensor) -> torch.Tensor:
+    from torch._higher_order_ops.scan import scan
+
+    def step(h: torch.Tensor, xt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.tanh(h @ torch.full((8, 8), 0.1) + xt)
+        return h, h * 2
+
+    h, ys = scan(step, x[:2].sin(), x.reshape(4, 2, 8))
+    return ys.sin() + h
 
 
 @torch.compiler.nested_compile_region
@@ -104,6 +116,7 @@ CASES: dict[str, Callable[..., torch.Tensor]] = {
     "while_loop": _while,
     "map": _map,
     "associative_scan": _scan,
+    "scan": _scan_rnn,
     "nested_compile_region": _nested,
     "flex_attention": _flex,
     "vmap": _vmap,
@@ -114,7 +127,7 @@ CASES: dict[str, Callable[..., torch.Tensor]] = {
 
 #: cases whose gradients are checked too (the others' higher-order ops have no autograd
 #: support in eager PyTorch on the CPU, or are transforms already computing a gradient)
-TRAINED = ("cond", "cond_other_branch", "nested_compile_region", "autograd_function", "vmap")
+TRAINED = ("cond", "cond_other_branch", "nested_compile_region", "scan", "autograd_function", "vmap")
 
 
 #: an op that only the body of the case's higher-order op has: a region on ORT holds it
@@ -123,6 +136,7 @@ BODY_OPS = {
     "cond_other_branch": "aten.cos",
     "while_loop": "aten.lt",
     "map": "aten.tanh",
+    "scan": "aten.mm",
     "nested_compile_region": "aten.mm",
 }
 
@@ -163,7 +177,7 @@ def test_gradients_match_eager(name: str) -> None:
     for mine, theirs in zip(ours, ref):
         assert_close(mine.grad, theirs.grad, rtol=1e-4, atol=1e-5)
     assert_ran_on_ort(2)
-    if name == "nested_compile_region":  # the body's forward and backward graphs
+    if name in ("nested_compile_region", "scan"):  # the body's forward and backward graphs
         assert len(_regions_with(records, "aten.mm")) >= 2, [(g.tag, g.regions) for g in records]
 
 

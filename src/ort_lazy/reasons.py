@@ -51,7 +51,7 @@ SUGGESTIONS = {
     Reason.RETURNED_VIEW: "nothing to do: a view costs nothing in PyTorch, and AOTAutograd rebuilds such an "
     "output from the view itself",
     Reason.HIGHER_ORDER: "nothing to do: the graphs it calls run their regions on ORT where PyTorch calls them "
-    "on plain tensors (cond, while_loop, map, nested compile regions)",
+    "on plain tensors (cond, while_loop, map, scan, nested compile regions)",
     Reason.UNFUSABLE: "nothing to do on the TorchScript / LazyTensor front doors; torch.compile(backend='ort') "
     "runs such nodes on ORT",
 }

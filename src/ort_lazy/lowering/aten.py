@@ -83,7 +83,8 @@ def _lowered(
 
 def _lower_bodies(gm: torch.fx.GraphModule, options: Options, tag: str) -> None:
     """Lower the graphs higher-order ops of ``gm`` call (``torch.cond``'s branches, a
-    ``while_loop``'s condition and body, ``map``'s function, a nested compile region's body:
+    ``while_loop``'s condition and body, ``map``'s and ``scan``'s functions, a nested compile
+    region's body:
     :func:`~ort_lazy._compat.body_calling_ops`) like ``gm`` itself, in place: the op still runs
     in PyTorch and calls its body, whose regions then run on ORT. A body used by several ops is lowered once; one that
     fails to lower stays as it was (counted and warned, like any graph)."""
