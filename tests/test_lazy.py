@@ -459,3 +459,63 @@ def test_empty_tensors_stay_in_torchscript_without_crashing(ltm, name):
         assert (g is None) == (e is None)
         if g is not None:
             torch.testing.assert_close(g, e)
+
+
+# -- ops made of views ------------------------------------------------------------------------
+
+#: ops written with views (reshapes, permutes, slices, expands), which LazyTensor replays
+#: through its own view tracking: ``pixel_shuffle`` came back as values of unrelated memory
+LAYOUT_OPS = (
+    "nn.functional.pixel_shuffle", "nn.functional.pixel_unshuffle", "nn.functional.channel_shuffle",
+    "movedim", "permute", "flatten", "unflatten", "narrow", "unfold", "transpose", "t", "expand",
+    "repeat", "tile", "roll", "flip", "rot90", "diagonal", "diag_embed", "tril", "triu", "split",
+    "chunk", "unbind", "stack", "cat", "squeeze", "unsqueeze", "reshape", "select",
+    "take_along_dim", "swapaxes", "ravel", "hstack", "vstack", "dstack", "block_diag", "kron",
+)
+
+
+def _layout_op_infos() -> list:
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    return [op for op in op_db if op.name in LAYOUT_OPS and not op.variant_test_name]
+
+
+def _to(value, device):
+    if isinstance(value, torch.Tensor):
+        return value.detach().to(device)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to(v, device) for v in value)
+    return value
+
+
+@pytest.mark.parametrize("op", _layout_op_infos(), ids=lambda op: op.name)
+def test_ops_made_of_views_match_eager(ltm, op) -> None:
+    checked = 0
+    for sample in list(op.sample_inputs("cpu", torch.float32))[:3]:
+        expected = op(sample.input, *sample.args, **sample.kwargs)
+        actual = op(_to(sample.input, "lazy"), *_to(sample.args, "lazy"), **_to(sample.kwargs, "lazy"))
+        ltm.mark_step()
+        expected = list(expected) if isinstance(expected, (list, tuple)) else [expected]
+        actual = list(actual) if isinstance(actual, (list, tuple)) else [actual]
+        assert len(actual) == len(expected)
+        for a, e in zip(actual, expected):
+            torch.testing.assert_close(a.cpu(), e, rtol=0, atol=0)
+        checked += 1
+    assert checked
+
+
+def test_pixel_shuffle_forward_and_backward(ltm) -> None:
+    for shape, factor in (((9, 2, 3), 3), ((2, 8, 3, 5), 2), ((2, 3, 18, 2, 2), 3)):
+        x = torch.randn(*shape)
+        weights = torch.arange(x.numel(), dtype=torch.float32)
+        eager_x = x.clone().requires_grad_()
+        expected = torch.nn.functional.pixel_shuffle(eager_x, factor)
+        (expected * weights.reshape(expected.shape)).sum().backward()
+        lazy_x = x.to("lazy").requires_grad_()
+        actual = torch.nn.functional.pixel_shuffle(lazy_x, factor)
+        (actual * weights.reshape(expected.shape).to("lazy")).sum().backward()
+        ltm.mark_step()
+        torch.testing.assert_close(actual.cpu(), expected.detach(), rtol=0, atol=0)
+        torch.testing.assert_close(lazy_x.grad.cpu(), eager_x.grad, rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="divisible by the square of upscale_factor"):
+        torch.nn.functional.pixel_shuffle(torch.randn(1, 5, 2, 2).to("lazy"), 2)

@@ -8,6 +8,7 @@ supported nodes of those graphs, forward and backward alike, into groups that ru
 from __future__ import annotations
 
 import threading
+import warnings
 from typing import Any
 
 from .. import _compat, metrics
@@ -43,6 +44,7 @@ def init(**options: Any) -> Options:
         if not _backend_ready:
             if not _compat.lazy_backend_registered():  # init twice is an error in torch
                 _compat.init_lazy_ts_backend()
+            _register_lazy_kernels()
             _backend_ready = True
         # add's alpha=1 (and other 0/1 scalars) become constants instead of
         # aten::ScalarImplicit(device data), which would cut every add out of the groups.
@@ -65,6 +67,54 @@ def _warn_if_distributed() -> None:
             "device='lazy' parameters (gloo/NCCL take only CPU/CUDA tensors) and collectives on lazy "
             "tensors do not communicate. Use torch.compile(model, backend='ort') with DDP instead.",
         )
+
+
+#: ATen kernels for the Lazy dispatch key, replacing LazyTensor's own (kept alive here)
+_lazy_kernels: Any = None
+
+
+def _register_lazy_kernels() -> None:
+    """Kernels for ops LazyTensor itself gets wrong (with or without ORT).
+
+    ``pixel_shuffle``: its ATen kernel works through views, which LazyTensor's view replay
+    turns into an ``as_strided_copy`` of the wrong tensor: values of unrelated memory (torch
+    2.13's TorchScript backend alone returns values up to 1e27). Written with ``reshape``,
+    ``permute`` and a copy, it traces to ops LazyTensor lowers correctly.
+    """
+    global _lazy_kernels
+    if _lazy_kernels is not None:
+        return
+    import torch
+
+    lib = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():  # "overriding a previously registered kernel": the point
+        warnings.simplefilter("ignore", UserWarning)
+        lib.impl("pixel_shuffle", _pixel_shuffle, "Lazy")
+    _lazy_kernels = lib
+
+
+def _pixel_shuffle(x: Any, factor: int) -> Any:
+    """``torch.nn.functional.pixel_shuffle`` from functional ops: (*, C*r*r, H, W) -> (*, C, H*r, W*r)."""
+    if x.dim() < 3:
+        raise RuntimeError(f"pixel_shuffle expects input to have at least 3 dimensions, but got input with {x.dim()} dimension(s)")
+    if factor <= 0:
+        raise RuntimeError(f"pixel_shuffle expects a positive upscale_factor, but got {factor}")
+    *batch, channels, height, width = x.shape
+    if channels % (factor * factor):
+        raise RuntimeError(
+            "pixel_shuffle expects its input's 'channel' dimension to be divisible by the square of "
+            f"upscale_factor, but input.size(-3)={channels} is not divisible by {factor * factor}"
+        )
+    import torch
+
+    aten = torch.ops.aten
+    n = len(batch)
+    out_channels = channels // (factor * factor)
+    # below functionalization (the Lazy key): the copying forms of the views
+    y = aten.view_copy.default(x.contiguous(), [*batch, out_channels, factor, factor, height, width])
+    # (c, i, j, h, w) -> (c, h, i, w, j): output row h*r+i, column w*r+j
+    y = aten.permute_copy.default(y, [*range(n), n, n + 3, n + 1, n + 4, n + 2])
+    return aten.view_copy.default(y.contiguous(), [*batch, out_channels, height * factor, width * factor])
 
 
 def clear_cache() -> None:
