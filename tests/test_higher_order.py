@@ -192,3 +192,30 @@ def test_explain_lists_the_higher_order_ops_and_their_graphs() -> None:
     ops = [op for g in report.as_dict()["graphs"] for s in g["steps"] if s["where"] == "pytorch" for op in s["ops"]]
     assert [op["op"] for op in ops] == ["higher_order.cond", "higher_order.map_impl"], ops
     assert all(op["reason"] == Reason.HIGHER_ORDER for op in ops), ops
+
+
+class _EncoderBlock(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, dropout=0.0)
+
+    @torch.compiler.nested_compile_region
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x)
+
+
+def test_encoder_fast_path_inside_a_nested_region_runs_on_ort() -> None:
+    """Under no_grad, a TransformerEncoderLayer takes PyTorch's fused fast path, which ort-lazy
+    lowers to ops ORT runs; in a nested compile region's body too."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(_EncoderBlock(), _EncoderBlock()).eval()
+    x = torch.randn(2, 8, 32)
+    with torch.no_grad(), recording() as records:
+        expected = model(x)
+        actual = compile_ort(model)(x)
+    assert_close(actual, expected)
+    assert_ran_on_ort()
+    left = [op for g in records for op, reason in g.ops if reason is not None and "transformer_encoder" in op]
+    assert not left, left
+    body_regions = [r["name"] for g in records if "subgraph" in g.tag for r in g.regions if r["on_ort"]]
+    assert body_regions, [(g.tag, g.regions) for g in records]

@@ -13,6 +13,7 @@ fuses): exact, except GELU, which ORT's fused kernel computes to within rounding
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 import operator
@@ -88,8 +89,16 @@ def _arg(node: torch.fx.Node, index: int, name: str) -> Any:
 
 
 def lower_fast_paths(gm: torch.fx.GraphModule) -> int:
-    """Replace fast-path calls in a dynamo graph (in place); returns how many were replaced."""
+    """Replace fast-path calls in a dynamo graph (in place), and in the graphs its higher-order
+    ops call (a nested compile region's body: each is replaced by a changed copy); returns how
+    many were replaced."""
     replaced = 0
+    for name, child in list(gm.named_children()):
+        if isinstance(child, torch.fx.GraphModule):
+            body = torch.fx.GraphModule(child, copy.deepcopy(child.graph))
+            if lower_fast_paths(body):
+                setattr(gm, name, body)
+                replaced += 1
     fast_path = _compat.transformer_encoder_fast_path()
     for node in gm.graph.nodes:
         if node.op != "call_function":
