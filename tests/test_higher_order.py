@@ -162,6 +162,8 @@ def test_forward_matches_eager(name: str) -> None:
     assert_ran_on_ort()
     if name in BODY_OPS:
         assert _regions_with(records, BODY_OPS[name]), [(g.tag, g.regions) for g in records]
+        tags = [g.tag for g in records]  # a body called twice is lowered (and listed) once
+        assert len(tags) == len(set(tags)), tags
 
 
 @pytest.mark.parametrize("name", TRAINED)

@@ -102,10 +102,11 @@ def dynamo_control_exceptions() -> tuple[type[BaseException], ...]:
 @functools.cache
 def body_calling_ops() -> frozenset[Any]:
     """Higher-order ops whose eager implementation calls their graph arguments on plain tensors
-    (``torch.cond``'s branches, ``while_loop``'s functions, ``map``'s body, ``scan``'s
-    combine function, a nested compile region's body): those graphs can be lowered like any graph. Others (``flex_attention``'s
-    score and mask functions, ``associative_scan``'s combine function) are called under
-    function transforms, on tensors without storage, and are left alone."""
+    (``torch.cond``'s branches, ``while_loop``'s functions, ``map``'s body, ``scan``'s combine
+    function, a nested compile region's body): those graphs can be lowered like any graph.
+    Others (``flex_attention``'s score and mask functions, ``associative_scan``'s combine
+    function) are called under function transforms, on tensors without storage, and are left
+    alone."""
     from torch._ops import HigherOrderOperator
 
     ops = (getattr(torch.ops.higher_order, n, None) for n in ("cond", "while_loop", "map_impl", "scan", "invoke_subgraph"))

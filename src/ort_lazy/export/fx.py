@@ -509,7 +509,10 @@ def export_graph(
     if (providers or _CPU)[0] == _CPU[0]:
         # ORT's CPU Sigmoid is an approximation: rewritten once here, not at each session
         # (nor in a warm process, which would have to parse the model)
-        model_bytes = exact_sigmoid(model_bytes, providers or _CPU)
+        try:
+            model_bytes = exact_sigmoid(model_bytes, providers or _CPU)
+        except Exception as e:
+            raise ExportError(f"{name}: {e}") from e
         facts["exact_sigmoid"] = True
     result = OrtModel(
         model_bytes=model_bytes,

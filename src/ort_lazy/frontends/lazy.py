@@ -78,8 +78,9 @@ def _register_lazy_kernels() -> None:
 
     ``pixel_shuffle``: its ATen kernel works through views, which LazyTensor's view replay
     turns into an ``as_strided_copy`` of the wrong tensor: values of unrelated memory (torch
-    2.13's TorchScript backend alone returns values up to 1e27). Written with ``reshape``,
-    ``permute`` and a copy, it traces to ops LazyTensor lowers correctly.
+    2.13's TorchScript backend alone returns values up to 1e27). Written with the copying
+    forms of its views (``view_copy``, ``permute_copy``), it traces to ops LazyTensor lowers
+    correctly.
     """
     global _lazy_kernels
     if _lazy_kernels is not None:

@@ -84,12 +84,13 @@ def _lowered(
 def _lower_bodies(gm: torch.fx.GraphModule, options: Options, tag: str) -> None:
     """Lower the graphs higher-order ops of ``gm`` call (``torch.cond``'s branches, a
     ``while_loop``'s condition and body, ``map``'s and ``scan``'s functions, a nested compile
-    region's body:
-    :func:`~ort_lazy._compat.body_calling_ops`) like ``gm`` itself, in place: the op still runs
-    in PyTorch and calls its body, whose regions then run on ORT. A body used by several ops is lowered once; one that
-    fails to lower stays as it was (counted and warned, like any graph)."""
+    region's body: :func:`~ort_lazy._compat.body_calling_ops`) like ``gm`` itself, in place:
+    the op still runs in PyTorch and calls its body, whose regions then run on ORT. A body
+    used by several ops is lowered once; one that fails to lower stays as it was (counted and
+    warned, like any graph)."""
+    lowered: set[str] = set()
     for node in gm.graph.nodes:
-        if node.op != "get_attr":
+        if node.op != "get_attr" or node.target in lowered:
             continue
         body = getattr(gm, node.target, None)
         if not isinstance(body, torch.fx.GraphModule) or not node.users:
@@ -97,6 +98,7 @@ def _lower_bodies(gm: torch.fx.GraphModule, options: Options, tag: str) -> None:
         if not all(u.op == "call_function" and u.target in _compat.body_calling_ops() for u in node.users):
             continue
         name = f"{tag}_{node.target}"
+        lowered.add(node.target)
         try:
             setattr(gm, node.target, _lowered(body, options, name, None, "snapshot"))
         except Exception as e:

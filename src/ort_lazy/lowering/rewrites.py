@@ -96,9 +96,10 @@ def lower_fast_paths(gm: torch.fx.GraphModule) -> int:
     for name, child in list(gm.named_children()):
         if isinstance(child, torch.fx.GraphModule):
             body = torch.fx.GraphModule(child, copy.deepcopy(child.graph))
-            if lower_fast_paths(body):
+            inside = lower_fast_paths(body)
+            if inside:
                 setattr(gm, name, body)
-                replaced += 1
+                replaced += inside
     fast_path = _compat.transformer_encoder_fast_path()
     for node in gm.graph.nodes:
         if node.op != "call_function":
