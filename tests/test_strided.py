@@ -77,7 +77,13 @@ def test_as_strided_reads_eager_elements(name: str, dtype: torch.dtype) -> None:
     metrics.reset()
     expected = _eager(fn, x)
     got = compile_ort(fn)(x)
-    assert got.dtype == expected.dtype and torch.equal(got, expected), (got, expected)
+    if name == "channels-last-conv":
+        # ORT's convolution may sum in another order than PyTorch's on some CPUs (a rounding
+        # step apart); a read of the wrong elements is off by whole values
+        assert got.dtype == expected.dtype
+        torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+    else:
+        assert got.dtype == expected.dtype and torch.equal(got, expected), (got, expected)
     _check_where_it_ran(where)
 
 

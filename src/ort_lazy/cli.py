@@ -284,7 +284,8 @@ def _print_table(rows: list[dict[str, Any]], out: Any, reps: int = 20) -> None:
             print(f"{r['model']:<12}{r['door']:<8}{r['status']:<18}{r.get('note', '')}", file=out)
             continue
         calls = r.get("first_calls", 1)
-        first = f"{r['first_call_s']:.2f}" + (f" ({calls})" if calls > 1 else "")
+        # 3 significant digits: a small graph's first calls take milliseconds, not "0.00" s
+        first = f"{r['first_call_s']:.3g}" + (f" ({calls})" if calls > 1 else "")
         print(
             f"{r['model']:<12}{r['door']:<8}{r['status']:<18}{r['max_abs_err']:>10.2e}{r['eager_ms']:>10.3f}"
             f"{r['ort_ms']:>10.3f}{r['ratio_vs_eager']:>7.2f}x{first:>13}{r['ort_runs']:>9}",
