@@ -59,9 +59,14 @@ def test_20000_calls_memory_flat():
 def test_shapes_changing_every_call_stay_bounded():
     model = MLP(width=16, depth=1, out=4).eval()
     compiled = compile_ort(model)
-    sizes = list(range(1, 60))
+    sizes = list(range(4, 60))
     with torch.no_grad():
-        compiled(torch.randn(2, 16))
+        # batch 1 and 2 specialise, batch 3 compiles the symbolic graph: one-time costs (a
+        # process's first symbolic compile allocates caches and imports, 24 MB once in CI
+        # after other tests), done before the measured calls of every other size
+        for b in (2, 1, 3):
+            x = torch.randn(b, 16)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
         gc.collect()
         before = _rss_mb()
         for b in sizes:
