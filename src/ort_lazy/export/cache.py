@@ -65,15 +65,16 @@ def _cached_export(
     sub: torch.fx.GraphModule, name: str, options: Options, constants: dict[int, torch.Tensor] | None, shared: bool
 ) -> OrtModel:
     cache = disk_cache(options.cache_dir)
+    device = graph_device(sub)
     if cache is None and not shared:
-        providers = options.resolve_providers(graph_device(sub))
+        providers = options.resolve_providers(device)
         return export_graph(sub, name, constants, providers, shared=shared, precision=options.precision)
     specs = [spec_of(n.meta.get("val")) for n in sub.graph.nodes if n.op == "placeholder"]
     if shared:
         frozen = {str(i): [str(t.dtype), list(t.shape)] for i, t in (constants or {}).items()}
     else:
         frozen = {str(i): _tensor_digest(t) for i, t in (constants or {}).items()}
-    key = cache_key("region", sub.code, [spec_to_json(s) for s in specs], frozen, options.key(), graph_device(sub).type, shared)
+    key = cache_key("region", sub.code, [spec_to_json(s) for s in specs], frozen, options.key(), device.type, shared)
     if cache is None:  # shared: kept in this process (with a disk cache, the disk keeps it)
         with _shared_lock:
             known = _SHARED_MODELS.get(key)
@@ -81,7 +82,7 @@ def _cached_export(
                 _SHARED_MODELS.move_to_end(key)
         if known is not None:
             return OrtModel.from_description(known[0], known[1], name)
-        model = _exported(sub, name, options, constants, shared)
+        model = _exported(sub, name, options, constants, shared, device)
         with _shared_lock:
             _SHARED_MODELS[key] = (model.model_bytes, model.describe())
             while len(_SHARED_MODELS) > _SHARED_MODELS_SIZE:
@@ -94,18 +95,22 @@ def _cached_export(
             return OrtModel.from_description(blob, data, name)
         except (KeyError, TypeError, ValueError):
             pass  # an entry of another layout: export again and overwrite it
-    model = _exported(sub, name, options, constants, shared)
+    model = _exported(sub, name, options, constants, shared, device)
     cache.put_model(key, model.model_bytes, model.describe())
     return model
 
 
 def _exported(
-    sub: torch.fx.GraphModule, name: str, options: Options, constants: dict[int, torch.Tensor] | None, shared: bool
+    sub: torch.fx.GraphModule,
+    name: str,
+    options: Options,
+    constants: dict[int, torch.Tensor] | None,
+    shared: bool,
+    device: torch.device,
 ) -> OrtModel:
     """:func:`export_graph` for a model that is kept (on disk or in this process), with the
     facts a runner reads from it (:func:`~ort_lazy.runtime.region.learn_facts`), so the process
     that reuses it opens a session without parsing it."""
-    device = graph_device(sub)
     model = export_graph(sub, name, constants, options.resolve_providers(device), shared=shared, precision=options.precision)
     learn_facts(model, device)
     return model

@@ -13,7 +13,7 @@ import torch
 import torch.fx
 
 from .. import _compat, metrics
-from ..runtime.quirks import exact_sigmoid
+from ..runtime.quirks import EXACT_SIGMOID_FACT, exact_sigmoid
 from ..specs import TORCH_TO_ONNX, OrtModel, TensorSpec
 from .half import float32_products, narrow_to_float16
 from .quantize import quantize_dynamic_int8
@@ -513,7 +513,7 @@ def export_graph(
             model_bytes = exact_sigmoid(model_bytes, providers or _CPU)
         except Exception as e:
             raise ExportError(f"{name}: {e}") from e
-        facts["exact_sigmoid"] = True
+        facts[EXACT_SIGMOID_FACT] = True
     result = OrtModel(
         model_bytes=model_bytes,
         input_names=[i.name for i in proto.graph.input],

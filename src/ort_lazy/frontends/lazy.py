@@ -11,6 +11,8 @@ import threading
 import warnings
 from typing import Any
 
+import torch
+
 from .. import _compat, metrics
 from ..options import Options
 from ..runtime import bridge as _bridge
@@ -85,8 +87,6 @@ def _register_lazy_kernels() -> None:
     global _lazy_kernels
     if _lazy_kernels is not None:
         return
-    import torch
-
     lib = torch.library.Library("aten", "IMPL")
     with warnings.catch_warnings():  # "overriding a previously registered kernel": the point
         warnings.simplefilter("ignore", UserWarning)
@@ -106,8 +106,6 @@ def _pixel_shuffle(x: Any, factor: int) -> Any:
             "pixel_shuffle expects its input's 'channel' dimension to be divisible by the square of "
             f"upscale_factor, but input.size(-3)={channels} is not divisible by {factor * factor}"
         )
-    import torch
-
     aten = torch.ops.aten
     n = len(batch)
     out_channels = channels // (factor * factor)

@@ -10,11 +10,16 @@ workaround applies where it should.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..specs import OrtModel
 
 __all__ = [
     "disabled_optimizers",
     "has_vector_matmul",
+    "model_vector_matmul",
+    "EXACT_SIGMOID_FACT",
     "MATMUL_TRANSPOSE_FUSION",
     "SKIP_LAYER_NORM_FUSION",
     "INT64_REDUCTIONS_IN_DOUBLE",
@@ -235,6 +240,17 @@ def disabled_optimizers(
     if has_vector_matmul(model_bytes) if vector_matmul is None else vector_matmul:
         disabled.append(MATMUL_TRANSPOSE_FUSION)
     return disabled
+
+
+#: :attr:`~ort_lazy.specs.OrtModel.facts` entry of a model whose Sigmoids the export made exact
+#: already (:func:`exact_sigmoid`), so opening a session need not parse it again
+EXACT_SIGMOID_FACT = "exact_sigmoid"
+
+
+def model_vector_matmul(model: OrtModel) -> bool:
+    """:func:`has_vector_matmul` of ``model``, worked out once and kept on it (with it in the
+    compile cache)."""
+    return bool(model.fact("vector_matmul", has_vector_matmul))
 
 
 def has_vector_matmul(model_bytes: bytes) -> bool:

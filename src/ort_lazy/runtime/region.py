@@ -30,7 +30,7 @@ from ..opnames import op_name
 from ..options import Options
 from ..reasons import Reason
 from ..specs import OrtModel
-from .quirks import has_vector_matmul
+from .quirks import model_vector_matmul
 from .session import ORT_DEVICES, OrtInputError, OrtRunError, OrtRunner
 from .threads import model_flops, region_plan
 
@@ -74,7 +74,7 @@ def learn_facts(model: OrtModel, device: torch.device) -> None:
     """Work out what opening a runner for ``model`` on ``device`` reads from its bytes (its
     work, for the thread plan on the CPU; whether a MatMul sees a vector, for ORT's optimizers),
     so a model the compile cache keeps carries them and a warm process need not parse it."""
-    model.fact("vector_matmul", has_vector_matmul)
+    model_vector_matmul(model)
     if device.type == "cpu":
         model_flops(model)
 

@@ -24,7 +24,7 @@ from ..options import Options, OptionsError, apply_session_options
 from ..specs import OrtModel, TensorSpec
 from . import _ort
 from .flavour import max_ir_version, onnxruntime
-from .quirks import disabled_optimizers, exact_sigmoid, has_vector_matmul
+from .quirks import EXACT_SIGMOID_FACT, disabled_optimizers, exact_sigmoid, model_vector_matmul
 from .threads import parking
 
 __all__ = [
@@ -264,14 +264,14 @@ def create_session(
                 names = list(initializers)
                 so.add_external_initializers(names, [_ort.ortvalue_of(initializers[n]) for n in names])
             # a model exported for the CPU has its Sigmoids made exact already (export_graph)
-            exact = model.model_bytes if model.facts.get("exact_sigmoid") else exact_sigmoid(model.model_bytes, providers)
+            exact = model.model_bytes if model.facts.get(EXACT_SIGMOID_FACT) else exact_sigmoid(model.model_bytes, providers)
             sess = ort.InferenceSession(
                 _clamp_ir_version(exact),
                 sess_options=so,
                 providers=list(providers),
                 provider_options=provider_opts,
                 disabled_optimizers=disabled_optimizers(
-                    model.model_bytes, providers, model.fact("vector_matmul", has_vector_matmul)
+                    model.model_bytes, providers, model_vector_matmul(model)
                 ),
             )
     except OrtRunError:
