@@ -519,3 +519,22 @@ def test_pixel_shuffle_forward_and_backward(ltm) -> None:
         torch.testing.assert_close(lazy_x.grad.cpu(), eager_x.grad, rtol=0, atol=0)
     with pytest.raises(RuntimeError, match="divisible by the square of upscale_factor"):
         torch.nn.functional.pixel_shuffle(torch.randn(1, 5, 2, 2).to("lazy"), 2)
+
+
+def test_pixel_shuffle_in_a_step_that_runs_on_ort(ltm) -> None:
+    """The lazy pixel_shuffle kernel's copies fuse with the step's other ops into an ORT group
+    (TorchScript's executor fuses from the second run of a step on)."""
+
+    def step(t):
+        y = torch.nn.functional.pixel_shuffle(t, 2)
+        w = y.relu()
+        return (w * w + 1.5 + y) * y
+
+    x = torch.randn(2, 8, 3, 5)
+    expected = step(x)
+    before = metrics.counters()["ort_runs"]
+    for _ in range(5):
+        actual = step(x.to("lazy"))
+        ltm.mark_step()
+        torch.testing.assert_close(actual.cpu(), expected, rtol=0, atol=0)
+    assert metrics.counters()["ort_runs"] > before
