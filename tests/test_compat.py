@@ -39,6 +39,20 @@ def test_custom_translations_register_and_see_the_tracer():
     assert any(meta.onnx_function is nextafter for meta in registry.get_decomps(op))
 
 
+def test_library_translation_is_the_exporters_under_ort_lazys():
+    """The exporter's own translation of an op ort-lazy translates too (its fallback), and None
+    for an op the exporter does not translate."""
+    from ort_lazy.export.activations import gelu
+    from ort_lazy.export.translations import register_own_translations
+
+    register_own_translations(_compat.onnx_registry())
+    op = torch.ops.aten.gelu.default
+    assert _compat.onnx_registry().get_decomps(op)[0].onnx_function is gelu
+    library = _compat.library_translation(op)
+    assert library is not None and library is not gelu
+    assert _compat.library_translation(torch.ops.aten.nextafter.default) is None
+
+
 def test_translate_fx_graph_keeps_symbolic_dims():
     import onnx_ir as ir
     from torch._subclasses.fake_tensor import FakeTensorMode

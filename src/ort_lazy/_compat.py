@@ -421,6 +421,13 @@ def register_translation(registry: Any, op: Any, function: Any) -> None:
         registry.register_op(op, function)
 
 
+def library_translation(op: Any) -> Any:
+    """The exporter's own translation of ``op`` (torchlib's), under any ort-lazy registered;
+    None when it has none."""
+    library = [d for d in onnx_registry().get_decomps(op) if not d.is_custom]
+    return library[0].onnx_function if library else None
+
+
 def current_translation_tracer() -> Any:
     """The exporter's tracer while it translates a node (None outside a translation)."""
     _, _core, _, _, _, _ = _exporter()

@@ -29,12 +29,14 @@ class Emitter:
         """A fresh value name."""
         return f"{self.prefix}_{next(self._count)}"
 
-    def op(self, op_type: str, *inputs: Any, num_outputs: int = 1, **attributes: Any) -> Any:
-        """The output (outputs, with ``num_outputs`` > 1) of a new ``op_type`` node."""
+    def op(self, op_type: str, *inputs: Any, num_outputs: int = 1, domain: str = "", **attributes: Any) -> Any:
+        """The output (outputs, with ``num_outputs`` > 1) of a new ``op_type`` node (of the
+        ONNX domain unless ``domain`` names another, e.g. ORT's ``com.microsoft``)."""
         import onnx_ir as ir
 
         attrs = [a for a in ir.convenience.convert_attributes(attributes) if a.value is not None]
-        node = ir.Node("", op_type, list(inputs), attrs, num_outputs=num_outputs, version=self.version)
+        version = self.version if not domain else 1
+        node = ir.Node(domain, op_type, list(inputs), attrs, num_outputs=num_outputs, version=version)
         node.name = f"node_{self.name()}"
         for out in node.outputs:
             out.name = self.name()

@@ -70,8 +70,7 @@ def threshold_backward(grad: Any, self: Any, threshold: Any) -> Any:
         return [f.op("Add", f.op("Mul", grad, passes), signed_zero)]
 
     [out] = e.branch(finite, fast, lambda x: [x.op("Where", clamped, zero, grad)])
-    out.shape = grad.shape
-    out.type = grad.type
+    out.dtype, out.shape = grad.dtype, grad.shape  # a type of its own, not grad's object
     return out
 
 

@@ -5,7 +5,8 @@ onnxscript-style function run by the exporter's translator): orthogonal polynomi
 ``Loop`` (:mod:`.polynomials`), the ReLU gradient without ORT's slow ``Where`` and softmax whose
 guard for rows of only ``-inf`` runs when such a row is there (:mod:`.selects`), max pooling
 with PyTorch's indices from one ``MaxPool`` and eager's NaN rule (:mod:`.pooling`),
-``as_strided_scatter`` as a ``ScatterND`` at the addressed positions (:mod:`.strided`).
+``as_strided_scatter`` as a ``ScatterND`` at the addressed positions (:mod:`.strided`), the
+float32 tanh GELU as ORT's fused kernel (:mod:`.activations`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 
 from .. import _compat
-from . import polynomials, pooling, selects, strided
+from . import activations, polynomials, pooling, selects, strided
 
 __all__ = ["OWN_TRANSLATIONS", "register_own_translations"]
 
@@ -26,6 +27,7 @@ OWN_TRANSLATIONS: dict[torch._ops.OpOverload, Callable[..., Any]] = {
     **selects.TRANSLATIONS,
     **pooling.TRANSLATIONS,
     **strided.TRANSLATIONS,
+    **activations.TRANSLATIONS,
 }
 
 

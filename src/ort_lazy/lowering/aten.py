@@ -34,6 +34,7 @@ from ..reasons import Reason
 from ..runtime.flavour import OrtUnavailableError
 from ..runtime.region import OrtRegion
 from .decompositions import decomposition_table
+from .fusions import fuse_activations
 from .joint import partition, written_placeholders
 from .layouts import storage_order_views
 from .rewrites import drop_unused_indices, lower_fast_paths
@@ -71,6 +72,7 @@ def _lowered(
     work = copy_graph_module(gm)
     storage_order_views(work)
     simplify_aten(work)
+    fuse_activations(work)
     # dead values (a view AOTAutograd regenerates outside the graph) would make regions
     # without outputs; ops that write stay (impure)
     work.graph.eliminate_dead_code()
