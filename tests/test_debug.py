@@ -126,6 +126,8 @@ def test_explain_training_graph_is_fully_on_ort_but_mutations():
     assert report.share_on_ort > 0.9
     d = report.as_dict()
     assert d["ops_total"] == report.ops_total and d["fallbacks"]
+    # the header counts what dynamo captured and says how many graphs it compiled to
+    assert "1 dynamo graph(s) compiled as the 2 graphs below" in str(report).splitlines()[0]
 
 
 def test_explain_names_the_gradients_pytorch_runs_by_default():

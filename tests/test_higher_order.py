@@ -221,3 +221,25 @@ def test_encoder_fast_path_inside_a_nested_region_runs_on_ort() -> None:
     assert not left, left
     body_regions = [r["name"] for g in records if "subgraph" in g.tag for r in g.regions if r["on_ort"]]
     assert body_regions, [(g.tag, g.regions) for g in records]
+
+
+def test_bodies_without_a_fast_path_are_not_copied(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Looking for the encoder fast path in a graph's bodies copies only a body that holds one
+    (a body without it is the graph's own object afterwards, at any depth, and no graph was
+    copied)."""
+    import copy
+
+    from ort_lazy.lowering.rewrites import lower_fast_paths
+
+    copies = []
+    real = copy.deepcopy
+    monkeypatch.setattr(copy, "deepcopy", lambda value, *a, **k: copies.append(value) or real(value, *a, **k))
+
+    inner = torch.fx.symbolic_trace(lambda x: x.sin())
+    middle = torch.fx.symbolic_trace(lambda x: x.cos())
+    middle.add_submodule("inner", inner)
+    outer = torch.fx.symbolic_trace(lambda x: x + 1)
+    outer.add_submodule("body", middle)
+    assert lower_fast_paths(outer) == 0
+    assert outer.body is middle and middle.inner is inner
+    assert not copies

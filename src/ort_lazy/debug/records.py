@@ -220,8 +220,13 @@ class ExplainReport:
         breaks = sum(b.count for b in self.graph_breaks if b.split)
         skipped = sum(b.count for b in self.graph_breaks if not b.split)
         head = f"ort-lazy explain: {self.ops_on_ort}/{self.ops_total} compute ops of the captured graphs on ORT ({self.share_on_ort:.0%})"
-        count = self.dynamo_graphs if self.dynamo_graphs is not None else len(self.graphs)
-        head += f", {count} graph(s)"
+        if self.dynamo_graphs is None:
+            head += f", {len(self.graphs)} graph(s)"
+        else:
+            # one dynamo graph may compile as several (forward, backward, higher-order op bodies)
+            head += f", {self.dynamo_graphs} dynamo graph(s)"
+            if len(self.graphs) != self.dynamo_graphs:
+                head += f" compiled as the {len(self.graphs)} graphs below"
         if breaks:
             head += f", {breaks} graph break(s): the code at each runs in Python, not on ORT"
         if skipped:

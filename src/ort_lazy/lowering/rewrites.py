@@ -88,19 +88,26 @@ def _arg(node: torch.fx.Node, index: int, name: str) -> Any:
     return node.kwargs.get(name)
 
 
+def _calls(gm: torch.fx.GraphModule, target: Any) -> bool:
+    """Whether ``gm`` or a graph it holds (a body, at any depth) calls ``target``."""
+    if target is None:
+        return False
+    if any(node.op == "call_function" and node.target is target for node in gm.graph.nodes):
+        return True
+    return any(isinstance(c, torch.fx.GraphModule) and _calls(c, target) for c in gm.children())
+
+
 def lower_fast_paths(gm: torch.fx.GraphModule) -> int:
     """Replace fast-path calls in a dynamo graph (in place), and in the graphs its higher-order
     ops call (a nested compile region's body: each is replaced by a changed copy); returns how
     many were replaced."""
     replaced = 0
-    for name, child in list(gm.named_children()):
-        if isinstance(child, torch.fx.GraphModule):
-            body = torch.fx.GraphModule(child, copy.deepcopy(child.graph))
-            inside = lower_fast_paths(body)
-            if inside:
-                setattr(gm, name, body)
-                replaced += inside
     fast_path = _compat.transformer_encoder_fast_path()
+    for name, child in list(gm.named_children()):
+        if isinstance(child, torch.fx.GraphModule) and _calls(child, fast_path):
+            body = torch.fx.GraphModule(child, copy.deepcopy(child.graph))
+            replaced += lower_fast_paths(body)
+            setattr(gm, name, body)
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
