@@ -233,3 +233,18 @@ def test_fused_gelu_beside_float16_products(monkeypatch: pytest.MonkeyPatch) -> 
     assert c["ort_runs"] == 1 and not (c["export_failures"] or c["ort_failures"]), c
     assert "FastGelu" in _ops(models)
     assert 0 < max_rel_error(got, expected) < 1e-2
+
+
+def test_fused_gelu_with_dynamic_shapes() -> None:
+    """One symbolic graph serves three sizes, the GELU fused in it (constants spelt as numbers:
+    with ``dynamic=True`` dynamo passes ``math.pi`` in as a value of the call, so NewGELU's
+    ``sqrt(2 / pi)`` is computed at run time and that formula is left as it is)."""
+    metrics.reset()
+    torch._dynamo.reset()
+    compiled = torch.compile(fast_gelu, backend="ort", dynamic=True)
+    with torch.no_grad(), captured_exports() as models:
+        for rows in (3, 7, 12):
+            x = torch.randn(rows, 16) * 3
+            assert_close(compiled(x), fast_gelu(x), rtol=1e-6, atol=1e-6)
+    assert_ran_on_ort(3)
+    assert len(models) == 1 and _ops(models).count("FastGelu") == 1, _ops(models)
