@@ -248,3 +248,10 @@ def test_fused_gelu_with_dynamic_shapes() -> None:
             assert_close(compiled(x), fast_gelu(x), rtol=1e-6, atol=1e-6)
     assert_ran_on_ort(3)
     assert len(models) == 1 and _ops(models).count("FastGelu") == 1, _ops(models)
+
+
+def test_fused_gelu_beside_a_sigmoid() -> None:
+    """A model holding ORT's ``FastGelu`` and a ``Sigmoid`` (which the CPU provider's exact
+    rewrite parses and types: ONNX's own schemas do not know ORT's ops) runs on ORT."""
+    ops = _run(lambda x: F.silu(x) * new_gelu(x), _values())
+    assert "FastGelu" in ops, ops

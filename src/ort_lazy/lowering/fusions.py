@@ -10,8 +10,8 @@ apply. :func:`fuse_tanh_gelu` finds them by value, not by spelling: the ops betw
 ``tanh`` must compute ``c * (x + k * x**3)`` and the ops after it ``0.5 * x * (1 + tanh(..))``,
 as polynomials of ``x`` (and of the tanh) whatever the order of the products and sums; then the
 whole expression becomes ``aten.gelu(x, approximate="tanh")``, which ORT runs in one pass
-(:mod:`ort_lazy.export.activations`): GPT-2's MLP activation 0.9 ms -> 0.2 ms for 256 x 4096
-floats on 2 cores.
+(:mod:`ort_lazy.export.activations`): a compiled call of GPT-2's formula on 256 x 4096 floats,
+2 cores, 1.04 -> 0.44 ms (eager 2.4 ms); GPT-2 inference 1.18x -> 1.05x the best direct ORT run.
 
 Only float32 is fused (ORT's fused kernel is float32 on the CPU; eager computes a written-out
 float16 formula step by step in float16, which the fused kernel would not round like), and
