@@ -27,6 +27,8 @@ from typing import Any
 import torch
 import torch.fx
 
+from .simplify import _val
+
 __all__ = ["fuse_tanh_gelu", "fuse_activations"]
 
 aten = torch.ops.aten
@@ -42,14 +44,11 @@ _ADD = {aten.add.Tensor, aten.add.Scalar}
 _SUB = {aten.sub.Tensor, aten.sub.Scalar}
 _MUL = {aten.mul.Tensor, aten.mul.Scalar}
 _POW = {aten.pow.Tensor_Scalar}
+_SUMS_AND_PRODUCTS = _ADD | _SUB | _MUL
+_ARITHMETIC = _SUMS_AND_PRODUCTS | _POW
 
 #: a polynomial: monomial (tuple of exponents, one per symbol) -> coefficient
 Poly = dict[tuple[int, ...], float]
-
-
-def _val(node: Any) -> torch.Tensor | None:
-    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    return val if isinstance(val, torch.Tensor) else None
 
 
 def _float32(node: Any) -> bool:
@@ -93,7 +92,7 @@ def _evaluate(
         return nodes[root]
     if (
         root.op != "call_function"
-        or root.target not in _ADD | _SUB | _MUL | _POW
+        or root.target not in _ARITHMETIC
         or len(root.args) != 2
         or root.kwargs.get("alpha", 1) != 1
         or not _float32(root)
@@ -137,7 +136,7 @@ def _arithmetic_inputs(root: torch.fx.Node, limit: int = 16) -> list[torch.fx.No
         if node in found:
             continue
         found.append(node)
-        if node.op == "call_function" and node.target in _ADD | _SUB | _MUL | _POW:
+        if node.op == "call_function" and node.target in _ARITHMETIC:
             queue.extend(a for a in node.args if isinstance(a, torch.fx.Node))
     return found
 
@@ -163,7 +162,7 @@ def _gelu_product(x: torch.fx.Node, tanh: torch.fx.Node) -> tuple[torch.fx.Node,
     queue, seen = list(tanh.users), set()
     while queue and len(seen) < 8:  # the result is a few sums and products past the tanh
         node = queue.pop(0)
-        if node in seen or node.op != "call_function" or node.target not in _ADD | _SUB | _MUL:
+        if node in seen or node.op != "call_function" or node.target not in _SUMS_AND_PRODUCTS:
             continue
         seen.add(node)
         nodes: dict[torch.fx.Node, Poly] = {}
@@ -173,17 +172,11 @@ def _gelu_product(x: torch.fx.Node, tanh: torch.fx.Node) -> tuple[torch.fx.Node,
     return None
 
 
-def _graph_order(nodes: set[torch.fx.Node]) -> list[torch.fx.Node]:
-    if not nodes:
-        return []
-    order = {n: i for i, n in enumerate(next(iter(nodes)).graph.nodes)}
-    return sorted(nodes, key=order.__getitem__)
-
-
 def fuse_tanh_gelu(gm: torch.fx.GraphModule) -> int:
     """Replace each written-out float32 tanh-approximated GELU in ``gm`` (an aten graph) by
     ``aten.gelu(x, approximate="tanh")``, in place; returns how many were replaced."""
     fused = 0
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}  # the nodes a fusion erases are all in it
     for tanh in list(gm.graph.nodes):
         if tanh.op != "call_function" or tanh.target is not aten.tanh.default or not _float32(tanh):
             continue
@@ -203,7 +196,7 @@ def fuse_tanh_gelu(gm: torch.fx.GraphModule) -> int:
             gelu = gm.graph.call_function(aten.gelu.default, (x,), {"approximate": "tanh"})
         gelu.meta.update(out.meta)
         out.replace_all_uses_with(gelu)
-        for node in reversed(_graph_order(pattern)):
+        for node in sorted(pattern, key=order.__getitem__, reverse=True):  # users first
             gm.graph.erase_node(node)
         fused += 1
     if fused:

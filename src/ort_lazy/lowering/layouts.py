@@ -29,13 +29,13 @@ left that is not row-major (symbolic sizes) stays in PyTorch.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 import torch.fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..export.strided import last_position, storage_order
+from .simplify import _val
 
 __all__ = ["storage_order_views", "LayoutError"]
 
@@ -47,11 +47,6 @@ _SCATTERS = {aten.as_strided_scatter.default, torch.ops.prims.as_strided_scatter
 class LayoutError(RuntimeError):
     """An ``as_strided`` call addresses memory no tensor of the graph holds in an order ORT
     can reproduce; the graph runs in PyTorch, which reads the real memory."""
-
-
-def _val(node: Any) -> torch.Tensor | None:
-    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    return val if isinstance(val, torch.Tensor) else None
 
 
 def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
