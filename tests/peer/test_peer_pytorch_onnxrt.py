@@ -394,7 +394,9 @@ def test_no_input() -> None:
     assert len(recorded_models) == 1
     proto = onnx.load_from_string(recorded_models[0].model_bytes)
     assert not proto.graph.input
-    assert "Constant" in [node.op_type for node in proto.graph.node]
+    # the sum of two constants is computed from constants only (a Constant node, or an
+    # initializer once folded)
+    assert {"Constant"} & {node.op_type for node in proto.graph.node} or proto.graph.initializer
     assert torch.equal(result, torch.ones(4, 8))
     assert metrics.counters()["ort_runs"] == 1
 

@@ -15,6 +15,7 @@ import torch.fx
 from .. import _compat, metrics
 from ..runtime.quirks import EXACT_SIGMOID_FACT, exact_sigmoid
 from ..specs import TORCH_TO_ONNX, OrtModel, TensorSpec
+from .cleanup import clean_up
 from .half import float32_products, narrow_to_float16
 from .quantize import quantize_dynamic_int8
 from .reductions import leading_sums_as_matmul
@@ -486,6 +487,11 @@ def export_graph(
                         "it runs in float32",
                         name, ", ".join(providers or _CPU),
                     )
+        clean_up(model)
+        # the clean-up may leave an output copied by an Identity (cancelling transposes) or
+        # folded to a constant
+        _uncopied_outputs(model)
+        _dedupe_outputs(model)
         proto = ir.serde.serialize_model(model)
         _drop_unused_optional_outputs(proto)
         if precision == "int8-dynamic" and constants and not shared:

@@ -35,7 +35,7 @@ from .. import metrics
 __all__ = ["DiskCache", "disk_cache", "cache_key", "versions"]
 
 logger = logging.getLogger("ort_lazy")
-_FORMAT = 4  # raised whenever translations change under one version: old entries are not reused
+_FORMAT = 5  # raised whenever translations change under one version: old entries are not reused
 
 
 @functools.lru_cache(maxsize=1)
