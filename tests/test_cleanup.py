@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from helpers import assert_close, assert_ran_on_ort, captured_exports, compile_ort
+from helpers import assert_close, assert_ran_on_ort, bridge_marks, captured_exports, compile_ort
 from ort_lazy import metrics
 from ort_lazy.export import cleanup
 from ort_lazy.models import BUILTIN
@@ -169,3 +169,41 @@ def test_rules_that_change_numbers_stay_out(name: str) -> None:
 def test_every_named_rule_exists_in_this_onnxscript() -> None:
     """A rule renamed by an onnxscript release would silently drop out of the clean-up."""
     assert len(cleanup._rules()) == len(cleanup.RULE_NAMES)
+
+
+def _heads(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    b = a @ w.t()
+    return b.view(2, 10, 4, 16).transpose(1, 2).transpose(1, 2).reshape(2, 10, 64) * 2.0
+
+
+def test_torchscript_groups_are_cleaned_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The TorchScript front door's groups (exported by the TorchScript exporter) get the same
+    clean-up: the head split's Reshape pair becomes one and the cancelling transposes go."""
+    import ort_lazy.jit
+    from ort_lazy.frontends import jit as jit_frontend
+
+    exported: list = []
+    real = jit_frontend.export_torchscript
+
+    def spy(*args, **kwargs):
+        model = real(*args, **kwargs)
+        exported.append(model)
+        return model
+
+    monkeypatch.setattr(jit_frontend, "export_torchscript", spy)
+    scripted = torch.jit.script(_heads)
+    x, w = torch.randn(2, 10, 64), torch.randn(64, 64)
+    with ort_lazy.jit.enable():
+        outs = [scripted(x, w) for _ in range(3)]
+    assert_ran_on_ort()
+    for out in outs:
+        assert_close(out, _heads(x, w))
+    assert exported
+    for graph in _graphs(exported):
+        made = {o: n.op_type for n in graph.node for o in n.output}
+        assert _chained_reshapes(graph) == []
+        assert not [n.name for n in graph.node if n.op_type == "Transpose" and made.get(n.input[0]) == "Transpose"]
+
+
+for _mark in bridge_marks():  # the TorchScript front door needs the compiled bridge
+    test_torchscript_groups_are_cleaned_too = _mark(test_torchscript_groups_are_cleaned_too)

@@ -19,6 +19,7 @@ import torch
 
 from .. import _compat
 from ..specs import TORCH_TO_ONNX, OrtModel, TensorSpec
+from .cleanup import clean_up
 
 __all__ = ["OPSET", "COPY_TO_VIEW", "TorchScriptExportError", "export_torchscript"]
 
@@ -94,6 +95,7 @@ def export_torchscript(
         raise TorchScriptExportError(
             f"{name}: exported output types {got} differ from torch's {wanted} (ONNX element types)"
         )
+    proto = _cleaned(proto)
     present = [i.name for i in proto.graph.input]
     produced = [o.name for o in proto.graph.output]
     if produced != out_names or any(n not in in_names for n in present):
@@ -108,6 +110,16 @@ def export_torchscript(
         output_specs=[_spec(o) for o in outs],
         name=name,
     )
+
+
+def _cleaned(proto: Any) -> Any:
+    """``proto`` after :func:`~ort_lazy.export.cleanup.clean_up` (the exporter's own constant
+    folding leaves reshape chains and the reshapes around matrix products)."""
+    import onnx_ir as ir
+
+    model = ir.serde.deserialize_model(proto)
+    clean_up(model)
+    return ir.serde.serialize_model(model)
 
 
 #: Functionalized graphs (LazyTensor) use the ``*_copy`` forms of view ops, which the
