@@ -171,6 +171,31 @@ def test_every_named_rule_exists_in_this_onnxscript() -> None:
     assert len(cleanup._rules()) == len(cleanup.RULE_NAMES)
 
 
+def test_a_failing_clean_up_keeps_the_region_on_ort(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A fault inside onnxscript's passes is counted and warned once; the region runs on ORT as
+    exported, with eager's values, and no export fails."""
+    import logging
+
+    import onnxscript.optimizer
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected clean-up fault")
+
+    monkeypatch.setattr(onnxscript.optimizer, "fold_constants", broken)
+    torch.manual_seed(0)
+    model = _Heads()
+    x = torch.randn(2, 10, 32)
+    with caplog.at_level(logging.WARNING, logger="ort_lazy"), torch.no_grad():
+        compiled = compile_ort(model)
+        assert_close(compiled(x), model(x))
+        y = torch.randn(3, 10, 32)  # another graph: a second failing clean-up, no second warning
+        assert_close(compiled(y), model(y))
+    c = assert_ran_on_ort(2)
+    assert c["cleanup_failures"] >= 2 and c["export_failures"] == 0 and c["fallback_ops"] == 0
+    warned = [r for r in caplog.records if "clean-up" in r.getMessage()]
+    assert len(warned) == 1 and "injected clean-up fault" in warned[0].getMessage()
+
+
 def _heads(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     b = a @ w.t()
     return b.view(2, 10, 4, 16).transpose(1, 2).transpose(1, 2).reshape(2, 10, 64) * 2.0

@@ -43,6 +43,7 @@ _COUNTER_NAMES = (
     "fallback_regions",
     "compile_failures",
     "export_failures",
+    "cleanup_failures",
     "ort_failures",
     "graphs_compiled",
     "ddp_uncompiled",

@@ -114,10 +114,14 @@ def export_torchscript(
 
 def _cleaned(proto: Any) -> Any:
     """``proto`` after :func:`~ort_lazy.export.cleanup.clean_up` (the exporter's own constant
-    folding leaves reshape chains and the reshapes around matrix products)."""
+    folding leaves reshape chains and the reshapes around matrix products); ``proto`` itself
+    when it cannot be read as an ``onnx_ir`` model (the clean-up counts its own faults)."""
     import onnx_ir as ir
 
-    model = ir.serde.deserialize_model(proto)
+    try:
+        model = ir.serde.deserialize_model(proto)
+    except Exception:
+        return proto
     clean_up(model)
     return ir.serde.serialize_model(model)
 
