@@ -202,22 +202,30 @@ ALL_ON_ORT: tuple[tuple[str, Any], ...] = (("torch_preferred_ops", ()),)
 
 @functools.cache
 def training(
-    name: str, options: tuple[tuple[str, Any], ...] = ALL_ON_ORT, device: str = "cpu", train_mode: bool = True
+    name: str,
+    options: tuple[tuple[str, Any], ...] = ALL_ON_ORT,
+    device: str = "cpu",
+    train_mode: bool = True,
+    dtype: torch.dtype = torch.float32,
 ) -> TrainingRun:
     """One training step (loss inside the compiled function): loss and every gradient.
 
     ``options``: ort-lazy options as (name, value) pairs (``()``: the defaults); ``device``:
     where the model and its inputs live; ``train_mode`` False: the model in eval mode while its
-    gradients are taken (fine-tuning with frozen batch norm and no dropout)."""
+    gradients are taken (fine-tuning with frozen batch norm and no dropout); ``dtype``: the
+    model's and its inputs' floating-point type (float64: eager is its own yardstick)."""
     with one_thread():
-        return _training(name, dict(options), device, train_mode)
+        return _training(name, dict(options), device, train_mode, dtype)
 
 
-def _training(name: str, options: dict[str, Any], device: str, train_mode: bool = True) -> TrainingRun:
+def _training(
+    name: str, options: dict[str, Any], device: str, train_mode: bool = True, dtype: torch.dtype = torch.float32
+) -> TrainingRun:
     case = CASES[name]
     run = TrainingRun(name)
     inputs, labels = case_inputs(case, device)
-    eager = case.train_model().train(train_mode).to(device)
+    inputs = {k: v.to(dtype) if v.is_floating_point() else v for k, v in inputs.items()}
+    eager = case.train_model().train(train_mode).to(device=device, dtype=dtype)
     ort_model = copy.deepcopy(eager)
     f64 = copy.deepcopy(eager).double()
 
