@@ -30,7 +30,7 @@ def _chained_reshapes(graph: onnx.GraphProto) -> list[str]:
 
 
 def _reshaped_products(graph: onnx.GraphProto) -> list[str]:
-    """MatMul/Gemm nodes read through a Reshape and reshaped again: what broadcasting makes redundant."""
+    """MatMul nodes read through a Reshape and reshaped again: what broadcasting makes redundant."""
     made = {o: n for n in graph.node for o in n.output}
     readers: dict[str, list] = {}
     for n in graph.node:

@@ -180,7 +180,8 @@ def test_inference_on_ort(name: str) -> None:
 #: models whose float32 training step is too ill-conditioned for the float32 bound: BatchNorm
 #: over a batch of 2 on maps down to 1 x 1 puts eager's own float32 loss 0.044 from float64
 #: (Inception: ort-lazy's float32 loss 0.28 from eager's, the bound 0.18), while in float64
-#: ort-lazy's loss and gradients equal eager's to 1e-8. Their training-parity test runs in float64.
+#: ort-lazy's loss is eager's to 5e-9 (relative) and every gradient within the bound. Their
+#: training-parity test runs in float64.
 TRAINING_IN_FLOAT64 = ("inception",)
 
 
