@@ -40,6 +40,7 @@ from zoo_runs import (
     Run,
     TrainingRun,
     case_inputs,
+    floats_as,
     inference,
     loss_of,
     max_relative_grad_error,
@@ -354,7 +355,7 @@ def test_dynamic_batch_compiles_once(name: str) -> None:
     case = CASES[name]
     inputs, labels = case_inputs(case)
     dtype = torch.float64 if name in DYNAMIC_IN_FLOAT64 else torch.float32
-    inputs = {k: v.to(dtype) if v.is_floating_point() else v for k, v in inputs.items()}
+    inputs = floats_as(inputs, dtype)
     batches = [({k: _batch_times(v, n) for k, v in inputs.items()}, _batch_times(labels, n)) for n in (1, 2, 3)]
 
     def steps(backend, model, train: bool) -> list:

@@ -163,7 +163,7 @@ def _inference(name: str, device: str) -> InferenceRun:
     with torch.no_grad():
         run.expected = outputs_of(case, model(**inputs))
         if device != "cpu":
-            run.expected_f64 = outputs_of(case, copy.deepcopy(model).double()(**_double(inputs)))
+            run.expected_f64 = outputs_of(case, copy.deepcopy(model).double()(**floats_as(inputs, torch.float64)))
         run.eager_ms = _median_ms(lambda: model(**inputs))
 
     def body() -> None:
@@ -191,8 +191,9 @@ def _float_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: b.detach().clone() for n, b in model.named_buffers() if b.is_floating_point()}
 
 
-def _double(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: v.double() if v.is_floating_point() else v for k, v in inputs.items()}
+def floats_as(inputs: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """``inputs`` with their floating-point tensors in ``dtype`` (others, such as token ids, as they are)."""
+    return {k: v.to(dtype) if v.is_floating_point() else v for k, v in inputs.items()}
 
 
 #: training options that put every op ORT can run on ORT, the gradients PyTorch runs faster by
@@ -224,7 +225,7 @@ def _training(
     case = CASES[name]
     run = TrainingRun(name)
     inputs, labels = case_inputs(case, device)
-    inputs = {k: v.to(dtype) if v.is_floating_point() else v for k, v in inputs.items()}
+    inputs = floats_as(inputs, dtype)
     eager = case.train_model().train(train_mode).to(device=device, dtype=dtype)
     ort_model = copy.deepcopy(eager)
     f64 = copy.deepcopy(eager).double()
@@ -234,7 +235,7 @@ def _training(
     run.loss_eager = loss.detach()
     run.grads_eager = _grads(eager)
     run.buffers_eager = _float_buffers(eager)
-    loss_f64 = loss_of(f64(**_double(inputs), labels=labels))
+    loss_f64 = loss_of(f64(**floats_as(inputs, torch.float64), labels=labels))
     loss_f64.backward()
     run.loss_f64 = loss_f64.detach()
     run.grads_f64 = _grads(f64)

@@ -4,9 +4,10 @@
 written-out formulas :func:`ort_lazy.lowering.fusions.fuse_tanh_gelu` recognises) becomes ORT's
 ``FastGelu`` (domain ``com.microsoft``; CPU and CUDA kernels): one pass, where the exporter's
 translation ran the formula op by op (ORT alone on 256 x 4096 floats, 2 cores: 0.21 ms against
-0.62 ms; a compiled ``F.gelu(x, approximate="tanh")`` 1.01 -> 0.44 ms, eager's 0.58 ms). Its values are those of the formula run by ORT op by op (the same ``tanh``
-approximation: at most 1e-6 from eager, where eager's own rounding of ``1 + tanh`` leaves
-values near -5 a few 1e-7 from exact). Other dtypes and the erf form keep the exporter's
+0.62 ms; a compiled ``F.gelu(x, approximate="tanh")`` 1.01 -> 0.44 ms, eager's 0.58 ms). Its
+values are those of the formula run by ORT op by op (the same ``tanh`` approximation: at most
+1e-6 from eager, where eager's own rounding of ``1 + tanh`` leaves values near -5 a few 1e-7
+from exact). Other dtypes and the erf form keep the exporter's
 translation (float64 and the half types are rewritten before export:
 :func:`ort_lazy.lowering.rewrites.gelu`).
 """

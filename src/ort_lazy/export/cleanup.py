@@ -71,7 +71,9 @@ def clean_up(model: Any) -> None:
     except Exception as e:  # never lose a region to its clean-up
         metrics.increment("cleanup_failures")
         text = f"{type(e).__name__}: {e}"[:300]
-        metrics.warn_once(f"cleanup:{text}", "ort-lazy: the ONNX clean-up of %s failed, it runs as exported: %s", model.graph.name, text)
+        metrics.warn_once(
+            f"cleanup:{text}", "ort-lazy: the ONNX clean-up of %s failed, it runs as exported: %s", model.graph.name, text
+        )
     finally:
         for value, tensor in hidden.items():
             value.const_value = tensor
