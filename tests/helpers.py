@@ -190,9 +190,9 @@ def aten_graph(fn: Callable[..., Any], *args: Any) -> torch.fx.GraphModule:
     return gm
 
 
-def full_size_nodes(model_bytes: bytes, numel: int) -> list[str]:
-    """Op types of the nodes of an ONNX model that write a tensor of ``numel`` elements (full
-    passes over an input of that size), by ONNX shape inference."""
+def _value_sizes(model_bytes: bytes) -> tuple[Any, dict[str, int]]:
+    """The model with ONNX's inferred shapes, and the element count of each value whose shape
+    inference fixed."""
     import math
 
     import onnx
@@ -203,7 +203,20 @@ def full_size_nodes(model_bytes: bytes, numel: int) -> list[str]:
         dims = value.type.tensor_type.shape.dim
         if dims and all(d.HasField("dim_value") for d in dims):
             sizes[value.name] = math.prod(d.dim_value for d in dims)
+    return proto, sizes
+
+
+def full_size_nodes(model_bytes: bytes, numel: int) -> list[str]:
+    """Op types of the nodes of an ONNX model that write a tensor of ``numel`` elements (full
+    passes over an input of that size), by ONNX shape inference."""
+    proto, sizes = _value_sizes(model_bytes)
     return [n.op_type for n in proto.graph.node if any(sizes.get(o) == numel for o in n.output)]
+
+
+def largest_value(model_bytes: bytes) -> tuple[int, str]:
+    """The element count and op type of the largest tensor a node of an ONNX model writes."""
+    proto, sizes = _value_sizes(model_bytes)
+    return max(((sizes.get(o, 0), n.op_type) for n in proto.graph.node for o in n.output), default=(0, ""))
 
 
 @contextlib.contextmanager

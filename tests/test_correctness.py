@@ -171,6 +171,40 @@ def test_avg_pool_divisor_override(dims: int) -> None:
         assert c["ort_runs"] >= 2 and c["fallback_ops"] == 0, metrics.fallbacks()
 
 
+@pytest.mark.parametrize("padding", ["valid", "same"])
+@pytest.mark.parametrize("dims", [1, 2, 3])
+def test_convolution_gradients_with_padding_by_name(dims: int, padding: str) -> None:
+    """``padding="valid"`` records one padding for every spatial dim (``[0]``) in the gradient
+    op; its decomposition read one per dim and failed, and the whole graph ran in PyTorch
+    (Hugging Face's EfficientNet with its convolution gradients on ORT)."""
+    conv = getattr(F, f"conv{dims}d")
+    x = torch.randn(2, 4, *([7] * dims))
+    w = torch.randn(6, 2, *([3] * dims))
+    c = parity(lambda a, b: conv(a, b, padding=padding, groups=2), x, w, torch_preferred_ops=())
+    assert c["ort_runs"] >= 2 and c["fallback_ops"] == 0 and c["export_failures"] == 0, metrics.fallbacks()
+
+
+def test_avg_pool_backward_with_windows_far_larger_than_the_input() -> None:
+    """Global pooling written as a window larger than the map (Hugging Face's EfficientNet:
+    ``AvgPool2d(1280, ceil_mode=True)`` on 7 x 7; eager allows it in 2-d only). The backward
+    spread each gradient over the whole kernel before cutting it to the input: [2560, 1, 1280,
+    1280] floats there (17 GB, 5 s a step). Values and gradients are eager's, on ORT, and no
+    tensor of either graph is larger than 16 times the input (padded windows spread a little
+    past it)."""
+    from helpers import captured_exports, largest_value
+
+    x = torch.randn(2, 8, 3, 5)
+    for k, kwargs in ((300, dict(ceil_mode=True)), (7, dict(ceil_mode=True, padding=3, stride=2))):
+        metrics.reset()
+        with captured_exports() as models:
+            c = parity(lambda t, k=k, kw=kwargs: F.avg_pool2d(t, k, **kw) * 2, x)
+        assert c["ort_runs"] >= 2 and c["fallback_ops"] == 0, metrics.fallbacks()
+        assert len(models) >= 2
+        for model in models:
+            numel, op = largest_value(model.model_bytes)
+            assert numel <= 16 * x.numel(), (kwargs, numel, op)  # before: 6000 times
+
+
 @pytest.mark.parametrize("include_self", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.int32])
 def test_scatter_reduce_mean(include_self: bool, dtype: torch.dtype) -> None:

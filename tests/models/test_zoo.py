@@ -66,7 +66,10 @@ DOCUMENTED_FALLBACKS: dict[str, dict[str, dict[tuple[str, str], str]]] = {
     "mobilenet": {"training": dict([BN_RUNNING_STATS])},
     **{
         name: {"training": dict([BN_RUNNING_STATS])}
-        for name in ("segformer", "levit", "mobilevit", "densenet", "xception", "ghostnet", "inception", "maxvit", "dla")
+        for name in (
+            "segformer", "levit", "mobilevit", "densenet", "xception", "ghostnet", "inception", "maxvit", "dla",
+            "efficientnet_hf",
+        )
     },
 }
 
@@ -81,7 +84,7 @@ HF_DECODERS = (
 CLASSIFIERS = (
     "bert", "distilbert", "vit", "resnet", "mobilenet", "convnext", "roberta", "albert", "efficientnet", "regnet", "swin",
     "electra", "deberta_v2", "wav2vec2", "segformer", "beit", "mobilevit", "clip", "densenet", "mixer", "poolformer", "deit",
-    "levit", "nfnet", "vgg", "ghostnet", "maxvit", "dla", "xception", "inception", "eva",
+    "levit", "nfnet", "vgg", "ghostnet", "maxvit", "dla", "xception", "inception", "eva", "efficientnet_hf",
 )
 
 

@@ -386,6 +386,29 @@ _MOBILEVIT = _hf(
     neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64], classifier_dropout_prob=0.0, **_NO_DROPOUT,
     **_IMAGE_CLASSIFIER,
 )  # convolutions around transformers over unfolded patches (interpolate, reshapes)
+def _efficientnet_hf() -> torch.nn.Module:
+    # depthwise convolutions (padding="valid" and "same"), SiLU, squeeze-excite; global pooling
+    # as AvgPool2d(hidden_dim, ceil_mode=True), a window far larger than its 1 x 1 map
+    model = _hf(
+        "EfficientNetForImageClassification", "EfficientNetConfig", image_size=32, width_coefficient=0.25,
+        depth_coefficient=0.25, hidden_dim=320, dropout_rate=0.0, drop_connect_rate=0.0, **_IMAGE_CLASSIFIER,
+    )()
+    # transformers draws batch-norm scales from N(0, 0.02) and leaves the statistics at mean 0,
+    # variance 1: the features shrank by 1e-7 a block, every logit was 0 in eval mode and
+    # inference parity compared zeros. Unit scales, and statistics of one batch of other images
+    # (momentum None: the running statistics become that batch's), keep them near 1.
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    momenta = [m.momentum for m in norms]
+    for norm in norms:
+        norm.reset_parameters()
+        norm.momentum = None
+    with torch.no_grad():
+        model.train()(pixel_values=torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(7)))
+    for norm, momentum in zip(norms, momenta):
+        norm.momentum = momentum
+    return model
+
+
 _CLIP = _hf(
     "CLIPForImageClassification", "CLIPConfig",
     vision_config=dict(image_size=32, patch_size=8, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -477,6 +500,7 @@ CASES: dict[str, ModelCase] = {
         ModelCase("beit", _BEIT, _image(32), _classes(10)),
         ModelCase("mobilevit", _MOBILEVIT, _image(64), _classes(10)),
         ModelCase("clip", _CLIP, _image(32), _classes(10)),
+        ModelCase("efficientnet_hf", _efficientnet_hf, _image(32), _classes(10)),
         ModelCase("densenet", _densenet, _image(32, "x"), _classes(10), outputs=(), family="timm"),
         ModelCase("mixer", _mixer, _image(64, "x"), _classes(10), outputs=(), family="timm"),
         ModelCase("poolformer", _poolformer, _image(64, "x"), _classes(10), outputs=(), family="timm"),

@@ -138,11 +138,14 @@ def convolution_backward(
     """``aten.convolution_backward`` as forward convolutions, which ORT runs (Conv/ConvTranspose).
 
     Covers non-transposed convolutions of any rank and group count; anything else returns
-    ``NotImplemented`` and stays a single op.
+    ``NotImplemented`` and stays a single op. ``stride``, ``padding`` and ``dilation`` may hold
+    one value for every spatial dim (a convolution with ``padding="valid"`` or ``"same"``, as
+    Hugging Face's EfficientNet has, records ``[0]``).
     """
     if transposed:
         return NotImplemented
     spatial = input.dim() - 2
+    stride, padding, dilation = (list(v) * spatial if len(v) == 1 else list(v) for v in (stride, padding, dilation))
     grad_input = grad_weight = grad_bias = None
     if output_mask[0]:
         # the input gradient is a transposed convolution of grad_output with the same weight;
@@ -1449,7 +1452,13 @@ def _avg_pool_divided_by(op: Any, spatial: int) -> Any:
 def _avg_pool_backward(spatial: int) -> Any:
     """``avg_pool2d_backward``/``avg_pool3d_backward`` (no translation): each output gradient
     divided by its window's divisor, spread over its window by a transposed convolution with a
-    kernel of ones (stride of the pooling, no padding), then cut to the input (the padding off)."""
+    kernel of ones (stride of the pooling, no padding), then cut to the input (the padding off).
+
+    The kernel is cut to the padded input first (``min(kernel, padding + size)`` per dim): a
+    window's part beyond it lands past the input, where the cut drops it. A pooling window far
+    larger than its input (Hugging Face's EfficientNet pools globally with ``AvgPool2d(1280,
+    ceil_mode=True)``) otherwise spread every gradient over the whole kernel: [2560, 1, 1280,
+    1280] floats, 17 GB and 5 s per step, for a 2 x 1280 x 7 x 7 input."""
     transpose = F.conv_transpose2d if spatial == 2 else F.conv_transpose3d
 
     def decompose(
@@ -1470,7 +1479,8 @@ def _avg_pool_backward(spatial: int) -> Any:
         else:
             scaled = grad / _window_sizes(x, grad.shape, geometry, count_include_pad)
         lead, out = scaled.shape[:2], scaled.shape[2:]
-        ones = torch.ones([1, 1, *kernel], dtype=grad.dtype, device=grad.device)
+        reach = [min(k, p + size) for k, p, size in zip(kernel, pads, x.shape[2:])]
+        ones = torch.ones([1, 1, *reach], dtype=grad.dtype, device=grad.device)
         spread = transpose(scaled.reshape(-1, 1, *out), ones, stride=strides)
         for i in range(spatial):
             size, dim = x.shape[2 + i], 2 + i
