@@ -15,6 +15,8 @@ Every built-in model (:data:`ort_lazy.models.BUILTIN`) runs side by side in one 
 * ``ort-int8``: ``torch.compile(backend="ort")`` with ``precision="int8-dynamic"`` (inference):
   ``x ort`` is its time over the fp32 ``ort`` row's, ``max rel`` its largest error against eager
   over eager's largest magnitude (int8 is approximate);
+* ``ort-fast``: ``fast_math=True`` (ORT's approximate logistic, max pooling without eager's
+  NaN rule): ``x ort`` and ``max rel`` as for ``ort-int8``;
 * ``ort-fp16``: ``precision="fp16"`` (inference, ``--device cuda`` only, where it is a default
   row): ``x ort`` and ``max rel`` as for ``ort-int8``;
 * ``eager-mixed`` / ``ort-mixed``: the mixed regime, each call right after one 512x512 PyTorch
@@ -23,7 +25,7 @@ Every built-in model (:data:`ort_lazy.models.BUILTIN`) runs side by side in one 
   same backend's time alone.
 
 Besides the built-in models, ``--models`` takes real models (:data:`_models.ZOO`: BERT,
-GPT-2, ResNet-18, ViT-Tiny from transformers' classes, random weights).
+GPT-2, ResNet-18, EfficientNet-B0, ViT-Tiny from transformers' classes, random weights).
 
 Modes: ``inference`` (eval, ``torch.no_grad``) and ``train`` (forward, ``backward``, SGD step).
 Timed calls of all rows of one model and mode are interleaved in rounds so drift in machine
@@ -134,7 +136,7 @@ class Backend:
     build: Callable[[Case], Prepared]
     floor_of: str | None = None  # the floor row this backend's ``vs_floor`` uses
     alone: str | None = None  # mixed-regime rows: the row of the same backend called alone
-    reduced: bool = False  # a reduced-precision row: compared with the fp32 ``ort`` row
+    reduced: bool = False  # a reduced-precision or fast_math row: compared with the fp32 ``ort`` row
     devices: tuple[str, ...] = ("cpu", "cuda")  # where the row means something
 
 
@@ -163,7 +165,7 @@ class Row:
     vs_inductor: float | None = None
     #: median over the best direct ORT run's median (``best-ort``)
     vs_best: float | None = None
-    #: reduced-precision rows: median over the fp32 ``ort`` row's median
+    #: reduced-precision and fast_math rows: median over the exact fp32 ``ort`` row's median
     vs_ort: float | None = None
     #: mixed-regime rows: (median - the PyTorch matmul's time alone) / the backend's median alone
     mixed_penalty: float | None = None
@@ -255,13 +257,15 @@ def _ort_counters() -> dict[str, int]:
     return metrics.counters()
 
 
-def _build_ort(case: Case, freeze: bool = False, precision: str | None = None) -> Prepared:
+def _build_ort(case: Case, freeze: bool = False, precision: str | None = None, fast_math: bool = False) -> Prepared:
     model = case.fresh_model()
     options = dict(case.ort_options)
     if freeze:
         options["freeze_weights"] = True
     if precision is not None:
         options["precision"] = precision
+    if fast_math:
+        options["fast_math"] = True
     compiled = torch.compile(model, backend="ort", options=options)
     step = _make_step(case, compiled, model)
     before = _ort_counters()
@@ -358,6 +362,7 @@ BACKENDS: dict[str, Backend] = {
     "ort-int8": Backend(
         "ort-int8", ("inference",), lambda c: _build_ort(c, precision="int8-dynamic"), reduced=True, devices=("cpu",)
     ),
+    "ort-fast": Backend("ort-fast", MODES, lambda c: _build_ort(c, fast_math=True), reduced=True),
     # ORT's CPU provider has no float16 matrix kernels (regions stay float32 there)
     "ort-fp16": Backend("ort-fp16", ("inference",), lambda c: _build_ort(c, precision="fp16"), reduced=True, devices=("cuda",)),
     "eager-mixed": Backend("eager-mixed", MODES, _mixed(_build_eager), alone="eager", devices=("cpu",)),

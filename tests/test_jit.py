@@ -404,3 +404,19 @@ def test_sigmoid_tails_are_eager_s(ort_jit, dtype):
     assert metrics.counters()["ort_runs"] > 0 and metrics.fallbacks() == {}, metrics.report()
     expected = torch.log(torch.sigmoid(x)) + F.silu(x)
     assert torch.allclose(got, expected, rtol=4 * torch.finfo(dtype).eps, atol=0), (got - expected).abs().max()
+
+
+def test_fast_math_keeps_ort_s_sigmoid():
+    """With ``fast_math`` the TorchScript groups' sessions keep ORT's own logistic (0 far in the
+    negative tail, eager's within 1e-6 elsewhere) instead of the exact form above."""
+    import ort_lazy.jit
+
+    x = torch.tensor([-30.0, -2.0, 0.0, 2.0])
+    traced = torch.jit.trace(lambda t: torch.sigmoid(t) * 2, (x,))
+    with ort_lazy.jit.enable(fast_math=True), torch.no_grad():
+        for _ in range(3):
+            got = traced(x)
+    assert metrics.counters()["ort_runs"] > 0 and metrics.fallbacks() == {}, metrics.report()
+    expected = torch.sigmoid(x) * 2
+    assert float(got[0]) == 0.0 < float(expected[0])
+    assert torch.allclose(got[1:], expected[1:], rtol=0, atol=1e-6)

@@ -152,6 +152,14 @@ class Options:
             has float16 kernels for the matrix products (GPUs; ORT's CPU provider has none:
             float32 there, with a warning). Both approximate; the model is rebuilt when a
             parameter changes. Training graphs keep their dtypes (with one warning).
+        fast_math: trade eager's exact results in two corners for speed, as a compiler's
+            fast-math mode does (off by default; every graph, inference and training): ORT's
+            own approximate logistic on the CPU (``sigmoid``, ``silu`` as ORT's fused
+            ``QuickGelu``: within about 1e-7 absolute, but 0 below -18 where eager's value is
+            tiny but positive) instead of ort-lazy's exact four-pass form, and max pooling
+            without eager's NaN rule (a window holding a NaN may give a number), which lets
+            ORT keep blocked-layout convolutions fused across the pooling. Measured on 2 CPU
+            cores: EfficientNet-B0 inference 1.5x faster, ResNet-18 and a Llama decoder about 4%.
         dynamic: ``True`` exports symbolic dims where the graph has them, ``False`` forces
             one model per concrete input shape.
         cache_size: maximum number of ORT sessions kept (LRU).
@@ -187,6 +195,7 @@ class Options:
     freeze_weights: bool = False
     prepack_weights: bool = True
     precision: str = "fp32"
+    fast_math: bool = False
     dynamic: bool = True
     cache_size: int = 64
     run_type: str = "ort"
@@ -213,7 +222,8 @@ class Options:
         for name in ("torch_executed_ops", "torch_preferred_ops"):
             _set(self, name, _parse_ops(getattr(self, name), name))
         for name in (
-            "freeze_weights", "prepack_weights", "dynamic", "autotune", "nvtx", "strict", "park_torch_threads"
+            "freeze_weights", "prepack_weights", "fast_math", "dynamic", "autotune", "nvtx", "strict",
+            "park_torch_threads",
         ):
             _set(self, name, _parse_bool(getattr(self, name), name))
         if self.allow_spinning is not None:
@@ -293,6 +303,7 @@ class Options:
             self.freeze_weights,
             self.prepack_weights,
             self.precision,
+            self.fast_math,
             self.dynamic,
         )
 

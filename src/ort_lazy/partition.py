@@ -227,7 +227,10 @@ def _make_region(
 
     def export(graph: torch.fx.GraphModule, export_name: str) -> Any:
         providers = options.resolve_providers(graph_device(sub))
-        return export_graph(graph, export_name, constants or None, providers, shared=shared, precision=options.precision)
+        return export_graph(
+            graph, export_name, constants or None, providers, shared=shared, precision=options.precision,
+            fast_math=options.fast_math,
+        )
 
     return OrtRegion(name, sub, runner, options, _tuple_output(sub), constants=constants, weights=weights, export=export)
 

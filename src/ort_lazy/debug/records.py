@@ -163,7 +163,7 @@ class ExplainReport:
     graph_breaks: list[GraphBreak] = field(default_factory=list)
     #: graphs dynamo captured (None: not known, e.g. a report built from records alone)
     dynamo_graphs: int | None = None
-    #: with a reduced ``precision``: how far the outputs are from eager PyTorch's
+    #: with a reduced ``precision`` or ``fast_math``: how far the outputs are from eager PyTorch's
     #: (``precision``, ``max_abs_error``, ``max_rel_error`` = max abs error / max |eager|)
     accuracy: dict[str, Any] | None = None
 

@@ -68,7 +68,9 @@ def _cached_export(
     device = graph_device(sub)
     if cache is None and not shared:
         providers = options.resolve_providers(device)
-        return export_graph(sub, name, constants, providers, shared=shared, precision=options.precision)
+        return export_graph(
+            sub, name, constants, providers, shared=shared, precision=options.precision, fast_math=options.fast_math
+        )
     specs = [spec_of(n.meta.get("val")) for n in sub.graph.nodes if n.op == "placeholder"]
     if shared:
         frozen = {str(i): [str(t.dtype), list(t.shape)] for i, t in (constants or {}).items()}
@@ -111,7 +113,10 @@ def _exported(
     """:func:`export_graph` for a model that is kept (on disk or in this process), with the
     facts a runner reads from it (:func:`~ort_lazy.runtime.region.learn_facts`), so the process
     that reuses it opens a session without parsing it."""
-    model = export_graph(sub, name, constants, options.resolve_providers(device), shared=shared, precision=options.precision)
+    providers = options.resolve_providers(device)
+    model = export_graph(
+        sub, name, constants, providers, shared=shared, precision=options.precision, fast_math=options.fast_math
+    )
     learn_facts(model, device)
     return model
 

@@ -17,6 +17,7 @@ from ..runtime.quirks import EXACT_SIGMOID_FACT, exact_sigmoid
 from ..specs import TORCH_TO_ONNX, OrtModel, TensorSpec
 from .cleanup import clean_up
 from .half import float32_products, narrow_to_float16
+from .pooling import nan_rule
 from .quantize import quantize_dynamic_int8
 from .reductions import leading_sums_as_matmul
 from .symbolic import typed_symbolic_scalars
@@ -453,6 +454,7 @@ def export_graph(
     providers: Sequence[str] | None = None,
     shared: bool = False,
     precision: str = "fp32",
+    fast_math: bool = False,
 ) -> OrtModel:
     """Translate ``gm`` and package it with its torch-side input/output specs.
 
@@ -464,7 +466,8 @@ def export_graph(
     ``int8-dynamic`` quantizes the matrix products of baked weights
     (:func:`~ort_lazy.export.quantize.quantize_dynamic_int8`); ``fp16`` computes them (and the
     ops around them) in float16 where the providers have kernels
-    (:func:`~ort_lazy.export.half.narrow_to_float16`).
+    (:func:`~ort_lazy.export.half.narrow_to_float16`). ``fast_math`` (the option of that name)
+    keeps ORT's approximate CPU ``Sigmoid`` and translates max pooling without eager's NaN rule.
 
     Raises:
         ExportError: the translator failed (the message names the node), or ONNX shape
@@ -475,7 +478,8 @@ def export_graph(
     start = time.perf_counter()
     constants = constants or {}
     try:
-        model = translate(gm, name, providers)
+        with nan_rule(not fast_math):
+            model = translate(gm, name, providers)
         external: dict[str, int] = {}
         if constants:
             external = _bake_constants(model, constants, shared)
@@ -512,7 +516,7 @@ def export_graph(
     _check_inferred_types(proto, out_specs, name, values)
     model_bytes = proto.SerializeToString()
     facts: dict[str, Any] = {}
-    if (providers or _CPU)[0] == _CPU[0]:
+    if (providers or _CPU)[0] == _CPU[0] and not fast_math:
         # ORT's CPU Sigmoid is an approximation: rewritten once here, not at each session
         # (nor in a warm process, which would have to parse the model)
         try:

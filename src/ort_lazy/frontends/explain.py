@@ -57,12 +57,14 @@ def explain(model: Any, *example_inputs: Any, backward: bool = False, **options:
         _tag_backward(records)
     breaks += _unmatched_breaks(before, _compat.graph_break_counts(), breaks)
     torch._dynamo.reset()
-    accuracy = _accuracy(model, example_inputs, out, opts.precision) if opts.precision != "fp32" else None
+    approximate = opts.precision != "fp32" or opts.fast_math
+    label = opts.precision + (" with fast_math" if opts.fast_math else "")
+    accuracy = _accuracy(model, example_inputs, out, label) if approximate else None
     return ExplainReport(list(records), graph_breaks=breaks, dynamo_graphs=graphs, accuracy=accuracy)
 
 
 def _accuracy(model: Any, example_inputs: Sequence[Any], out: Any, precision: str) -> dict[str, Any]:
-    """How far ``out`` (compiled with a reduced precision) is from eager PyTorch's outputs."""
+    """How far ``out`` (compiled with a reduced precision or ``fast_math``) is from eager PyTorch's outputs."""
     with torch.no_grad():
         expected = _copy_model(model)(*torch.utils._pytree.tree_map(_copy_tensor, list(example_inputs)))
     pairs = [

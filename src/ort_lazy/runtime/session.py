@@ -263,8 +263,10 @@ def create_session(
                     raise OrtRunError(f"external initializers must be in host memory; {off_host[:3]} are not")
                 names = list(initializers)
                 so.add_external_initializers(names, [_ort.ortvalue_of(initializers[n]) for n in names])
-            # a model exported for the CPU has its Sigmoids made exact already (export_graph)
-            exact = model.model_bytes if model.facts.get(EXACT_SIGMOID_FACT) else exact_sigmoid(model.model_bytes, providers)
+            # a model exported for the CPU has its Sigmoids made exact already (export_graph);
+            # fast_math keeps ORT's own
+            done = options.fast_math or model.facts.get(EXACT_SIGMOID_FACT)
+            exact = model.model_bytes if done else exact_sigmoid(model.model_bytes, providers)
             sess = ort.InferenceSession(
                 _clamp_ir_version(exact),
                 sess_options=so,
