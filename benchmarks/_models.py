@@ -84,7 +84,20 @@ def _efficientnet_b0() -> nn.Module:
         image_size=224, width_coefficient=1.0, depth_coefficient=1.0, hidden_dim=1280, dropout_rate=0.0, drop_connect_rate=0.0,
         num_labels=10,
     )
-    return _Tensor(EfficientNetForImageClassification(config), "logits")
+    model = EfficientNetForImageClassification(config)
+    # transformers draws batch-norm scales from N(0, 0.02) with statistics at mean 0, variance
+    # 1: features shrink to subnormal numbers (slow arithmetic) and every logit is 0. Unit
+    # scales and one batch's statistics (momentum None: exactly that batch's) keep them near 1.
+    norms = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
+    momenta = [m.momentum for m in norms]
+    for norm in norms:
+        norm.reset_parameters()
+        norm.momentum = None
+    with torch.no_grad():
+        model.train()(torch.randn(4, 3, 224, 224, generator=torch.Generator().manual_seed(7)))
+    for norm, momentum in zip(norms, momenta):
+        norm.momentum = momentum
+    return _Tensor(model, "logits")
 
 
 def _ffn() -> nn.Module:

@@ -37,6 +37,7 @@ def test_env_sets_every_field():
         "ORT_LAZY_NVTX": "1",
         "ORT_LAZY_PREPACK_WEIGHTS": "0",
         "ORT_LAZY_PRECISION": "int8-dynamic",
+        "ORT_LAZY_FAST_MATH": "yes",
         "ORT_LAZY_PARK_TORCH_THREADS": "0",
         "ORT_LAZY_TORCH_PREFERRED_OPS": "none",
     }
@@ -49,7 +50,7 @@ def test_env_sets_every_field():
     assert o.freeze_weights is True and o.dynamic is False and o.autotune is True
     assert o.cache_size == 5 and o.run_type == "debug" and o.rtol == 0.01 and o.atol == 0.0
     assert o.allow_spinning is False and o.dump_dir == "/tmp/d" and o.cache_dir == "/tmp/c"
-    assert o.park_torch_threads is False
+    assert o.park_torch_threads is False and o.fast_math is True
     assert o.torch_preferred_ops == frozenset() and Options().torch_preferred_ops == TORCH_PREFERRED_OPS
     fields = {f.upper() for f in Options.__dataclass_fields__}
     assert {k[len("ORT_LAZY_"):] for k in env} == fields  # every field has a variable
