@@ -219,6 +219,22 @@ def largest_value(model_bytes: bytes) -> tuple[int, str]:
     return max(((sizes.get(o, 0), n.op_type) for n in proto.graph.node for o in n.output), default=(0, ""))
 
 
+def growth(model_bytes: bytes) -> tuple[float, int, str]:
+    """How many times the largest tensor a node of an ONNX model writes is larger than the
+    largest of its inputs, weights and outputs; that tensor's size and op type (shapes ONNX's
+    inference fixes; symbolic ones count as unknown)."""
+    import math
+
+    proto, sizes = _value_sizes(model_bytes)
+    edges = [math.prod(t.dims) for t in proto.graph.initializer]
+    for value in list(proto.graph.input) + list(proto.graph.output):
+        dims = value.type.tensor_type.shape.dim
+        if all(d.HasField("dim_value") for d in dims):
+            edges.append(math.prod(d.dim_value for d in dims))
+    numel, op = max(((sizes.get(o, 0), n.op_type) for n in proto.graph.node for o in n.output), default=(0, ""))
+    return numel / max(max(edges, default=1), 1), numel, op
+
+
 @contextlib.contextmanager
 def torch_decomposition_of(op: Any) -> Iterator[None]:
     """Inside the block ``op`` lowers by torch's own decomposition instead of ort-lazy's rewrite

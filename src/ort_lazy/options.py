@@ -159,7 +159,7 @@ class Options:
             tiny but positive) instead of ort-lazy's exact four-pass form, and max pooling
             without eager's NaN rule (a window holding a NaN may give a number), which lets
             ORT keep blocked-layout convolutions fused across the pooling. Measured on 2 CPU
-            cores: EfficientNet-B0 inference 1.5x faster, ResNet-18 and a Llama decoder about 4%.
+            cores: EfficientNet-B0 inference 1.5x faster, ResNet-18 and a Llama decoder 3-4%.
         dynamic: ``True`` exports symbolic dims where the graph has them, ``False`` forces
             one model per concrete input shape.
         cache_size: maximum number of ORT sessions kept (LRU).

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from zoo import CASES, ModelCase, outputs_of
 
+from helpers import captured_exports, growth
 from ort_lazy import metrics
 from ort_lazy.debug.records import ExplainReport, recording
 
@@ -52,6 +53,9 @@ class Run:
     eager_ms: float = float("nan")
     ort_ms: float = float("nan")
     first_call_s: float = float("nan")
+    #: per exported model: (helpers.growth: largest tensor / largest input, weight or output,
+    #: its size, its op type, the model's name)
+    growth: list[tuple[float, int, str, str]] = field(default_factory=list)
 
     def check(self) -> None:
         """Re-raise the run's exception (the same object, so pytest's ``raises`` sees its type)."""
@@ -129,10 +133,11 @@ def _compiled_run(run: Run, body: Callable[[], None]) -> None:
     metrics.reset()
     torch._dynamo.reset()
     try:
-        with recording() as records:
+        with recording() as records, captured_exports() as models:
             body()
     except Exception as e:
         run.error = e
+    run.growth = [(*growth(m.model_bytes), m.name) for m in models]
     report = ExplainReport(list(records))
     run.shares = _shares(report)
     run.report = str(report)
