@@ -1,9 +1,9 @@
 """Real-model rows for the benchmark: Hugging Face transformers classes at benchmark sizes.
 
 Random weights from configs (nothing is downloaded), dropout off, every model returning one
-tensor so the suite's loss and parity checks apply unchanged. ResNet-18, EfficientNet-B0 and ViT come from
-transformers' own ``ResNet``, ``EfficientNet`` and ``ViT`` classes (the torchvision wheel on PyPI is CUDA-linked
-and does not load beside the CPU torch). ``transformers`` is imported only when one of these
+tensor so the suite's loss and parity checks apply unchanged. ResNet-18, EfficientNet-B0 and
+ViT come from transformers' own ``ResNet``, ``EfficientNet`` and ``ViT`` classes (the
+torchvision wheel on PyPI is CUDA-linked and does not load beside the CPU torch). ``transformers`` is imported only when one of these
 models is chosen.
 """
 
@@ -81,8 +81,8 @@ def _efficientnet_b0() -> nn.Module:
 
     # B0's widths and depths (the config's defaults are B7's), SiLU ("swish") activations
     config = EfficientNetConfig(
-        image_size=224, width_coefficient=1.0, depth_coefficient=1.0, hidden_dim=1280, dropout_rate=0.0, drop_connect_rate=0.0,
-        num_labels=10,
+        image_size=224, width_coefficient=1.0, depth_coefficient=1.0, hidden_dim=1280, dropout_rate=0.0,
+        drop_connect_rate=0.0, num_labels=10,
     )
     model = EfficientNetForImageClassification(config)
     # transformers draws batch-norm scales from N(0, 0.02) with statistics at mean 0, variance
@@ -127,7 +127,8 @@ ZOO: dict[str, BuiltinModel] = {
     "resnet": _entry("resnet", _resnet18, _images, f"ResNet-18 (transformers ResNet), batch {ZOO_BATCH} x 3x224x224"),
     "ffn": _entry("ffn", _ffn, _hidden_states, f"Transformer feed-forward block {_FFN_WIDTH} -> {4 * _FFN_WIDTH} -> {_FFN_WIDTH}, GELU, batch {ZOO_BATCH} x {_SEQ} tokens"),
     "efficientnet": _entry(
-        "efficientnet", _efficientnet_b0, _images, f"EfficientNet-B0 (transformers EfficientNet, SiLU), batch {ZOO_BATCH} x 3x224x224"
+        "efficientnet", _efficientnet_b0, _images,
+        f"EfficientNet-B0 (transformers EfficientNet, SiLU), batch {ZOO_BATCH} x 3x224x224",
     ),
     "vit": _entry("vit", _vit_tiny, _images, f"ViT-Tiny/16 (transformers ViT), batch {ZOO_BATCH} x 3x224x224"),
 }

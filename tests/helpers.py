@@ -215,8 +215,8 @@ def full_size_nodes(model_bytes: bytes, numel: int) -> list[str]:
 
 def largest_value(model_bytes: bytes) -> tuple[int, str]:
     """The element count and op type of the largest tensor a node of an ONNX model writes."""
-    proto, sizes = _value_sizes(model_bytes)
-    return max(((sizes.get(o, 0), n.op_type) for n in proto.graph.node for o in n.output), default=(0, ""))
+    _, numel, op = growth(model_bytes)
+    return numel, op
 
 
 def growth(model_bytes: bytes) -> tuple[float, int, str]:

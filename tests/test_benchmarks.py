@@ -118,13 +118,14 @@ def test_compile_share_excludes_dynamo_trace(bench: ModuleType) -> None:
         assert by[name].compile_vs_inductor is None, name
 
 
-def test_best_ort_mixed_and_int8_rows(bench: ModuleType, tmp_path: Path) -> None:
-    """The best direct ORT run, the mixed-regime rows and the int8 row are measured, checked
-    against eager and carry their ratios (x best ORT, the penalty after PyTorch work, x fp32 ort
-    with the int8 row's relative error)."""
+def test_best_ort_mixed_int8_and_fast_rows(bench: ModuleType, tmp_path: Path) -> None:
+    """The best direct ORT run, the mixed-regime rows, the int8 and the fast_math rows are
+    measured, checked against eager and carry their ratios (x best ORT, the penalty after
+    PyTorch work, x fp32 ort with the row's relative error)."""
     json_path = tmp_path / "bench.json"
     rc = bench.main([
-        "--models", "mlp", "--modes", "inference", "--backends", "eager,ort,best-ort,ort-int8,eager-mixed,ort-mixed",
+        "--models", "mlp", "--modes", "inference",
+        "--backends", "eager,ort,best-ort,ort-int8,ort-fast,eager-mixed,ort-mixed",
         "--quick", "--no-memory", "--json", str(json_path), "--png", "",
     ])
     assert rc == 0
@@ -141,10 +142,12 @@ def test_best_ort_mixed_and_int8_rows(bench: ModuleType, tmp_path: Path) -> None
     assert _finite(int8["vs_ort"]) and "fp32 ort's speed" in int8["note"] and "regions=1" in int8["note"]
     assert 1e-4 < int8["max_rel_diff"] < 0.05, int8["max_rel_diff"]  # quantized, and close
     assert rows["ort"]["max_rel_diff"] < 1e-5 and rows["ort"]["vs_ort"] is None
+    fast = rows["ort-fast"]  # the MLP has no sigmoid or max pooling: the exact numbers
+    assert _finite(fast["vs_ort"]) and "fp32 ort's speed" in fast["note"] and fast["max_rel_diff"] < 1e-5
 
 
 def test_zoo_models_are_known(bench: ModuleType) -> None:
-    assert {"bert", "gpt2", "resnet", "vit", "ffn"} <= set(bench.known_models())
+    assert {"bert", "gpt2", "resnet", "efficientnet", "vit", "ffn"} <= set(bench.known_models())
 
 
 def test_device_only_rows_say_where_they_are_measured(bench: ModuleType, tmp_path: Path) -> None:

@@ -386,6 +386,8 @@ _MOBILEVIT = _hf(
     neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64], classifier_dropout_prob=0.0, **_NO_DROPOUT,
     **_IMAGE_CLASSIFIER,
 )  # convolutions around transformers over unfolded patches (interpolate, reshapes)
+
+
 def _efficientnet_hf() -> torch.nn.Module:
     # depthwise convolutions (padding="valid" and "same"), SiLU, squeeze-excite; global pooling
     # as AvgPool2d(hidden_dim, ceil_mode=True), a window far larger than its 1 x 1 map
