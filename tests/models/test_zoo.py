@@ -468,6 +468,27 @@ def test_gpu_lowering_on_cpu(monkeypatch: pytest.MonkeyPatch, name: str) -> None
     assert not [op for op in run.fallbacks if "scaled_dot_product" in op], run.report
 
 
+@pytest.mark.parametrize("name", _params("fast_math"))
+def test_fast_math_inference(name: str) -> None:
+    """``fast_math=True`` on every model: it compiles and runs on ORT as without it, and the
+    outputs stay within 1e-4 of eager's largest (its approximations are ~1e-7 apart from
+    eager's; in the far negative tail of a sigmoid, where it gives 0, eager's value is below
+    1.5e-8)."""
+    case = CASES[name]
+    inputs, _ = case_inputs(case)
+    model = case.model().eval()
+    torch._dynamo.reset()
+    metrics.reset()
+    with torch.no_grad(), one_thread():
+        expected = outputs_of(case, model(**inputs))
+        actual = outputs_of(case, torch.compile(model, backend="ort", options={"fast_math": True})(**inputs))
+    c = metrics.counters()
+    assert c["ort_runs"] > 0 and not (c["compile_failures"] or c["export_failures"] or c["ort_failures"]), c
+    for got, want in zip(actual, expected, strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert max_rel_error(got, want) < 1e-4, max_rel_error(got, want)
+
+
 @pytest.mark.parametrize("name", _params("fp16"))
 def test_fp16_precision_graph_on_cpu(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     """``precision="fp16"`` as a GPU gets it (products and the ops around them in float16),

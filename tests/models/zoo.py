@@ -381,34 +381,44 @@ _BEIT = _hf(
     num_attention_heads=4, intermediate_size=64, use_relative_position_bias=True, drop_path_rate=0.0,
     **_NO_DROPOUT, **_IMAGE_CLASSIFIER,
 )  # relative position bias tables indexed per head, layer scale
-_MOBILEVIT = _hf(
+
+
+def _batch_statistics(build: Callable[[], torch.nn.Module], size: int) -> Callable[[], torch.nn.Module]:
+    """``build`` with unit batch-norm scales and the statistics of one batch of other images.
+
+    transformers draws batch-norm scales from N(0, 0.02) and leaves the statistics at mean 0,
+    variance 1: features shrink by 1e-2 to 1e-7 a block, every logit was 0 in eval mode
+    (EfficientNet, MobileViT) and inference parity compared zeros. With momentum None the
+    running statistics become that batch's exactly.
+    """
+
+    def fixed() -> torch.nn.Module:
+        model = build()
+        norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+        momenta = [m.momentum for m in norms]
+        for norm in norms:
+            norm.reset_parameters()
+            norm.momentum = None
+        with torch.no_grad():
+            model.train()(pixel_values=torch.randn(4, 3, size, size, generator=torch.Generator().manual_seed(7)))
+        for norm, momentum in zip(norms, momenta):
+            norm.momentum = momentum
+        return model
+
+    return fixed
+
+
+# depthwise convolutions (padding="valid" and "same"), SiLU, squeeze-excite; global pooling as
+# AvgPool2d(hidden_dim, ceil_mode=True), a window far larger than its 1 x 1 map
+_EFFICIENTNET_HF = _batch_statistics(_hf(
+    "EfficientNetForImageClassification", "EfficientNetConfig", image_size=32, width_coefficient=0.25,
+    depth_coefficient=0.25, hidden_dim=320, dropout_rate=0.0, drop_connect_rate=0.0, **_IMAGE_CLASSIFIER,
+), 32)
+_MOBILEVIT = _batch_statistics(_hf(
     "MobileViTForImageClassification", "MobileViTConfig", image_size=64, hidden_sizes=[16, 24, 32],
     neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64], classifier_dropout_prob=0.0, **_NO_DROPOUT,
     **_IMAGE_CLASSIFIER,
-)  # convolutions around transformers over unfolded patches (interpolate, reshapes)
-
-
-def _efficientnet_hf() -> torch.nn.Module:
-    # depthwise convolutions (padding="valid" and "same"), SiLU, squeeze-excite; global pooling
-    # as AvgPool2d(hidden_dim, ceil_mode=True), a window far larger than its 1 x 1 map
-    model = _hf(
-        "EfficientNetForImageClassification", "EfficientNetConfig", image_size=32, width_coefficient=0.25,
-        depth_coefficient=0.25, hidden_dim=320, dropout_rate=0.0, drop_connect_rate=0.0, **_IMAGE_CLASSIFIER,
-    )()
-    # transformers draws batch-norm scales from N(0, 0.02) and leaves the statistics at mean 0,
-    # variance 1: the features shrank by 1e-7 a block, every logit was 0 in eval mode and
-    # inference parity compared zeros. Unit scales, and statistics of one batch of other images
-    # (momentum None: the running statistics become that batch's), keep them near 1.
-    norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
-    momenta = [m.momentum for m in norms]
-    for norm in norms:
-        norm.reset_parameters()
-        norm.momentum = None
-    with torch.no_grad():
-        model.train()(pixel_values=torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(7)))
-    for norm, momentum in zip(norms, momenta):
-        norm.momentum = momentum
-    return model
+), 64)  # convolutions around transformers over unfolded patches (interpolate, reshapes)
 
 
 _CLIP = _hf(
@@ -427,7 +437,10 @@ def _densenet() -> torch.nn.Module:
 
 def _mixer() -> torch.nn.Module:
     # token-mixing MLPs across the transposed patch axis
-    return import_timm().models.mlp_mixer.MlpMixer(num_classes=10, img_size=64, patch_size=16, num_blocks=2, embed_dim=32)
+    model = import_timm().models.mlp_mixer.MlpMixer(num_classes=10, img_size=64, patch_size=16, num_blocks=2, embed_dim=32)
+    # timm starts the head at zero (every logit 0: inference parity compared zeros)
+    model.head.reset_parameters()
+    return model
 
 
 def _poolformer() -> torch.nn.Module:
@@ -502,7 +515,7 @@ CASES: dict[str, ModelCase] = {
         ModelCase("beit", _BEIT, _image(32), _classes(10)),
         ModelCase("mobilevit", _MOBILEVIT, _image(64), _classes(10)),
         ModelCase("clip", _CLIP, _image(32), _classes(10)),
-        ModelCase("efficientnet_hf", _efficientnet_hf, _image(32), _classes(10)),
+        ModelCase("efficientnet_hf", _EFFICIENTNET_HF, _image(32), _classes(10)),
         ModelCase("densenet", _densenet, _image(32, "x"), _classes(10), outputs=(), family="timm"),
         ModelCase("mixer", _mixer, _image(64, "x"), _classes(10), outputs=(), family="timm"),
         ModelCase("poolformer", _poolformer, _image(64, "x"), _classes(10), outputs=(), family="timm"),
