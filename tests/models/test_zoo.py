@@ -151,8 +151,9 @@ MAX_GROWTH = 64.0
 
 def _no_blowup(run: Run) -> None:
     """No lowering built a tensor far larger than what its region reads and returns."""
-    assert run.growth, "no exported model was captured"
-    worst = max(run.growth)
+    growths = run.growth()
+    assert growths, "no exported model was captured"
+    worst = max(growths)
     assert worst[0] <= MAX_GROWTH, f"{worst[3]}: a {worst[2]} writes {worst[1]} elements, {worst[0]:.0f}x its largest edge"
 
 

@@ -53,9 +53,14 @@ class Run:
     eager_ms: float = float("nan")
     ort_ms: float = float("nan")
     first_call_s: float = float("nan")
-    #: per exported model: (helpers.growth: largest tensor / largest input, weight or output,
-    #: its size, its op type, the model's name)
-    growth: list[tuple[float, int, str, str]] = field(default_factory=list)
+    #: the models ort-lazy exported during the compiled run
+    exported: list[Any] = field(default_factory=list)
+
+    def growth(self) -> list[tuple[float, int, str, str]]:
+        """Per exported model: :func:`helpers.growth` (its largest tensor over its largest input,
+        weight or output, that tensor's size and op type) and the model's name; computed when
+        asked (ONNX shape inference), not for every run."""
+        return [(*growth(m.model_bytes), m.name) for m in self.exported]
 
     def check(self) -> None:
         """Re-raise the run's exception (the same object, so pytest's ``raises`` sees its type)."""
@@ -137,7 +142,7 @@ def _compiled_run(run: Run, body: Callable[[], None]) -> None:
             body()
     except Exception as e:
         run.error = e
-    run.growth = [(*growth(m.model_bytes), m.name) for m in models]
+    run.exported = models
     report = ExplainReport(list(records))
     run.shares = _shares(report)
     run.report = str(report)
