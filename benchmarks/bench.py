@@ -9,6 +9,10 @@ Every built-in model (:data:`ort_lazy.models.BUILTIN`) runs side by side in one 
 * ``floor``: the ONNX graphs ort-lazy runs, executed directly by ORT with inputs and outputs
   bound once (IOBinding, ``run_with_iobinding``), same session options (inference only);
 * ``floor+freeze``: the floor of the frozen graphs (inference, with ``--freeze``);
+* ``aot-eager``: ``torch.compile(model, backend="aot_eager")`` (training): dynamo and
+  AOTAutograd with PyTorch's own kernels, what every backend behind AOTAutograd (Inductor,
+  ort-lazy's training graphs) pays before its kernels run; the ``ort`` training row's ``x floor``
+  is against it;
 * ``best-ort``: the best direct ORT run of the same model: ``torch.onnx.export(dynamo=True)``
   with its optimizer, weights as initializers, ORT's default CPU session options, inputs and
   outputs bound once (inference only). Every row reports ``x best`` against it;
@@ -77,7 +81,7 @@ from _models import ZOO  # noqa: E402
 __all__ = ["main", "run_suite", "BACKENDS", "TARGETS", "Row", "Case", "Prepared", "Backend"]
 
 MODES = ("inference", "train")
-DEFAULT_BACKENDS = ("eager", "dynamo", "inductor", "ort", "floor", "best-ort", "ort-int8", "eager-mixed", "ort-mixed")
+DEFAULT_BACKENDS = ("eager", "dynamo", "inductor", "aot-eager", "ort", "floor", "best-ort", "ort-int8", "eager-mixed", "ort-mixed")
 #: the PyTorch work before each call of a mixed-regime row: one matmul of this size
 MIXED_MM = 512
 
@@ -134,7 +138,7 @@ class Backend:
     name: str
     modes: tuple[str, ...]
     build: Callable[[Case], Prepared]
-    floor_of: str | None = None  # the floor row this backend's ``vs_floor`` uses
+    floor_of: dict[str, str] = dataclasses.field(default_factory=dict)  # mode -> the row ``vs_floor`` uses
     alone: str | None = None  # mixed-regime rows: the row of the same backend called alone
     reduced: bool = False  # a reduced-precision or fast_math row: compared with the fp32 ``ort`` row
     devices: tuple[str, ...] = ("cpu", "cuda")  # where the row means something
@@ -354,8 +358,11 @@ BACKENDS: dict[str, Backend] = {
     "eager": Backend("eager", MODES, _build_eager),
     "dynamo": Backend("dynamo", MODES, lambda c: _build_compiled(c, backend="eager")),
     "inductor": Backend("inductor", MODES, _build_compiled),
-    "ort": Backend("ort", MODES, _build_ort, floor_of="floor"),
-    "ort+freeze": Backend("ort+freeze", ("inference",), lambda c: _build_ort(c, freeze=True), floor_of="floor+freeze"),
+    "aot-eager": Backend("aot-eager", ("train",), lambda c: _build_compiled(c, backend="aot_eager")),
+    "ort": Backend("ort", MODES, _build_ort, floor_of={"inference": "floor", "train": "aot-eager"}),
+    "ort+freeze": Backend(
+        "ort+freeze", ("inference",), lambda c: _build_ort(c, freeze=True), floor_of={"inference": "floor+freeze"}
+    ),
     "floor": Backend("floor", ("inference",), _build_floor),
     "floor+freeze": Backend("floor+freeze", ("inference",), lambda c: _build_floor(c, freeze=True)),
     "best-ort": Backend("best-ort", ("inference",), _build_best_ort),
@@ -716,7 +723,7 @@ def add_ratios(rows: Sequence[Row]) -> None:
                     own = (r.first_call_s or 0.0) - (dynamo.first_call_s or 0.0)
                     r.compile_vs_inductor = _ratio(max(own, 0.0), (inductor.first_call_s or 0.0) - (dynamo.first_call_s or 0.0))
             backend = BACKENDS.get(r.backend)
-            floor_name = backend.floor_of if backend is not None else None
+            floor_name = backend.floor_of.get(r.mode) if backend is not None else None
             floor = group.get(floor_name) if floor_name else None
             if floor is not None and floor.status == "ok":
                 r.vs_floor = _ratio(r.median_ms, floor.median_ms)
@@ -751,6 +758,10 @@ TARGETS: tuple[Target, ...] = (
     Target("MLP inference vs raw ORT floor", "mlp", "inference", "ort", "vs_floor", 1.30),
     Target("Training step (TransformerEncoderLayer) vs eager", "transformer", "train", "ort", "vs_eager", 0.90),
     Target("Training step (MLP) vs eager", "mlp", "train", "ort", "vs_eager", 1.00),
+    *(
+        Target(f"Training step ({m}) vs dynamo+AOTAutograd with PyTorch's kernels", m, "train", "ort", "vs_floor", 1.00)
+        for m in ("mlp", "transformer", "resnet", "bert", "gpt2", "vit")
+    ),
     Target("First call vs Inductor's first call (transformer inference)", "transformer", "inference", "ort", "first_vs_inductor", 0.05),
     Target("First call vs Inductor's first call (mlp inference)", "mlp", "inference", "ort", "first_vs_inductor", 0.05),
     Target("First call vs Inductor's first call (transformer train)", "transformer", "train", "ort", "first_vs_inductor", 0.05),

@@ -34,7 +34,7 @@ def _finite(value: object) -> bool:
 def test_quick_suite_writes_json_and_chart(bench: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     json_path, png_path = tmp_path / "out" / "bench.json", tmp_path / "out" / "bench.png"
     rc = bench.main([
-        "--models", "mlp", "--modes", "inference,train", "--backends", "eager,ort,floor",
+        "--models", "mlp", "--modes", "inference,train", "--backends", "eager,aot-eager,ort,floor",
         "--quick", "--json", str(json_path), "--png", str(png_path),
     ])
     printed = capsys.readouterr().out
@@ -42,7 +42,7 @@ def test_quick_suite_writes_json_and_chart(bench: ModuleType, tmp_path: Path, ca
 
     data = json.loads(json_path.read_text(encoding="utf-8"))
     rows = {(r["model"], r["mode"], r["backend"]): r for r in data["rows"]}
-    expected = {("mlp", "inference", b) for b in ("eager", "ort", "floor")} | {("mlp", "train", b) for b in ("eager", "ort")}
+    expected = {("mlp", "inference", b) for b in ("eager", "ort", "floor")} | {("mlp", "train", b) for b in ("eager", "aot-eager", "ort")}
     assert set(rows) == expected
     for key, row in rows.items():
         assert row["status"] == "ok", (key, row["error"])
@@ -54,8 +54,9 @@ def test_quick_suite_writes_json_and_chart(bench: ModuleType, tmp_path: Path, ca
             assert _finite(row["vs_eager"]), key
             diff = row["max_abs_diff"]
             assert diff is not None and diff < 1e-3, (key, diff)
-        if row["backend"] == "ort" and row["mode"] == "inference":
+        if row["backend"] == "ort":  # against the floor (inference) and aot_eager (training)
             assert _finite(row["vs_floor"]), key
+        if row["backend"] == "ort" and row["mode"] == "inference":
             assert row["extra"]["regions_on_ort"] >= 1, key
         if row["backend"] == "floor":
             assert row["extra"]["floor_source"] == "ort-lazy graph", row["note"]
