@@ -210,3 +210,37 @@ def test_reduced_precision_leaves_training_graphs_alone_and_says_so(caplog, monk
         assert not {n.op_type for n in proto.graph.node} & {"MatMulInteger", "DynamicQuantizeMatMul", "DynamicQuantizeLinear"}
     said = [r.getMessage() for r in caplog.records if "applies to inference graphs" in r.getMessage()]
     assert len(said) == 1 and precision in said[0], said
+
+
+def _pooling_cnn() -> torch.nn.Module:
+    """Max pooling over 112 x 112 maps: large enough that the NaN rule's positions stay a
+    computation inside its ``If`` branch, which reads the map's shape from the graph around it."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(3, 2, 1),
+        torch.nn.AdaptiveAvgPool2d(4), torch.nn.Flatten(), torch.nn.Linear(256, 10),
+    ).eval()
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8-dynamic"])
+def test_reduced_precision_keeps_the_values_if_branches_read(gpu_like, precision) -> None:
+    """Each reduced precision rewrites the exported model; a rewrite that drops a value only an
+    ``If`` branch reads (it looked at the top-level graph alone) left an invalid model, and
+    every CNN with max pooling ran in PyTorch under ``int8-dynamic``."""
+    model = _pooling_cnn()
+    x = torch.randn(2, 3, 114, 114)
+    metrics.reset()
+    with torch.no_grad(), captured_exports() as models:
+        got = compile_ort(model, precision=precision)(x)
+        expected = model(x)
+    assert_ran_on_ort()
+    assert not metrics.counters()["export_failures"]
+    (exported,) = models
+    proto = onnx.load_from_string(exported.model_bytes)
+    ops = {n.op_type for n in proto.graph.node}
+    assert "If" in ops, ops  # the case the test is for
+    if precision == "fp16":
+        assert F16 in _types(proto).values()
+    else:
+        assert ops & {"MatMulInteger", "DynamicQuantizeMatMul"}, ops
+    assert 0 < max_rel_error(got, expected) < 0.05

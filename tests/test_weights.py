@@ -143,6 +143,39 @@ def test_int8_dynamic_precision_quantizes_weight_products_and_follows_changes() 
     assert_ran_on_ort(2)
 
 
+class _BatchedProducts(torch.nn.Module):
+    """A product with a constant batch of matrices (as DeBERTa's folded relative positions
+    give), then a linear layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.heads = torch.nn.Parameter(torch.randn(4, 16, 16) / 4)
+        self.out = torch.nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.matmul(x, self.heads))
+
+
+def test_int8_dynamic_keeps_products_with_a_batch_of_constant_matrices_in_float32() -> None:
+    """ORT's quantized product takes per-channel scales for a 2-D weight only: a quantized 3-D
+    one failed at run time and the region ran in PyTorch from then on."""
+    model = _BatchedProducts().eval()
+    x = torch.randn(2, 4, 8, 16)
+    metrics.reset()
+    with torch.no_grad(), captured_exports() as models:
+        compiled = compile_ort(model, precision="int8-dynamic")
+        for _ in range(2):
+            got = compiled(x)
+        expected = model(x)
+    assert_ran_on_ort(2)
+    assert not metrics.counters()["ort_failures"] and not metrics.counters()["torch_runs"]
+    nodes = onnx.load_from_string(models[0].model_bytes).graph.node
+    ops = [n.op_type for n in nodes]
+    assert "MatMul" in ops and ({"MatMulInteger", "DynamicQuantizeMatMul"} & set(ops)), ops
+    assert float((got - expected).abs().max() / expected.abs().max()) < 0.05
+
+
 def test_precision_is_validated() -> None:
     assert Options(precision="INT8-dynamic").precision == "int8-dynamic"
     with pytest.raises(OptionsError, match="precision"):

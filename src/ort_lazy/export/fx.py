@@ -18,7 +18,7 @@ from ..specs import TORCH_TO_ONNX, OrtModel, TensorSpec
 from .cleanup import clean_up
 from .half import float32_products, narrow_to_float16
 from .pooling import nan_rule
-from .quantize import quantize_dynamic_int8
+from .quantize import names_read, quantize_dynamic_int8
 from .reductions import leading_sums_as_matmul
 from .symbolic import typed_symbolic_scalars
 from .translations import register_own_translations
@@ -548,18 +548,9 @@ def export_graph(
 _OPTIONAL_OUTPUTS = {("", "MaxPool"): 1}
 
 
-def _consumed_names(graph: Any, names: set[str]) -> set[str]:
-    for node in graph.node:
-        names.update(node.input)
-        for attr in node.attribute:
-            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
-                _consumed_names(sub, names)
-    return names
-
-
 def _drop_unused_optional_outputs(proto: Any) -> None:
     """Remove optional node outputs nothing reads (in place), so ORT can skip computing them."""
-    used = _consumed_names(proto.graph, {o.name for o in proto.graph.output})
+    used = names_read(proto.graph)
     dropped = set()
     for node in proto.graph.node:
         first = _OPTIONAL_OUTPUTS.get((node.domain, node.op_type))

@@ -9,7 +9,9 @@ block, 1.8% relative error. Results are approximate either way.
 
 Before quantizing, transposed weights are folded (``Transpose`` of an initializer) and ``Gemm``
 nodes with constant weights are split into ``MatMul`` + ``Add``: ORT's dynamic quantization
-handles MatMul only, and the exported linear layers are ``Gemm(x, Transpose(W), b)``.
+handles MatMul only, and the exported linear layers are ``Gemm(x, Transpose(W), b)``. Products
+with a constant batch of matrices (3-D and more) stay float32: ORT's kernel has no per-channel
+scales for them. Values read only inside an ``If`` branch (max pooling's NaN rule) are kept.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import os
 import tempfile
 from typing import Any
 
-__all__ = ["quantize_dynamic_int8"]
+__all__ = ["quantize_dynamic_int8", "names_read"]
 
 
 def quantize_dynamic_int8(proto: Any) -> Any:
@@ -43,11 +45,13 @@ def _quantize(prepared: Any) -> Any:
 
     with tempfile.TemporaryDirectory(prefix="ort-lazy-int8-") as tmp:
         src, dst = os.path.join(tmp, "fp32.onnx"), os.path.join(tmp, "int8.onnx")
+        exclude = _batched_weight_products(prepared)  # names unnamed ones: before saving
         onnx.save_model(prepared, src)
         quantize_dynamic(
             src,
             dst,
             op_types_to_quantize=["MatMul"],
+            nodes_to_exclude=exclude,
             weight_type=QuantType.QInt8,
             per_channel=True,
             reduce_range=not _has_int8_dot_product(),
@@ -68,11 +72,6 @@ def _weights_as_matmuls(proto: Any) -> Any:
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
     producers = {o: n for n in graph.node for o in n.output}
-    consumers: dict[str, int] = {}
-    for n in graph.node:
-        for name in n.input:
-            consumers[name] = consumers.get(name, 0) + 1
-    outputs = {o.name for o in graph.output}
 
     def attr(node: Any, name: str, default: Any) -> Any:
         for a in node.attribute:
@@ -126,16 +125,42 @@ def _weights_as_matmuls(proto: Any) -> Any:
     graph.node.extend(new_nodes)
     graph.initializer.extend(added)
     # Transposes of initializers that nothing reads any more
-    used = {name for n in graph.node for name in n.input} | outputs
+    used = names_read(graph)
     kept = [n for n in graph.node if not (n.op_type == "Transpose" and n.input[0] in inits and not set(n.output) & used)]
     del graph.node[:]
     graph.node.extend(kept)
-    used = {name for n in graph.node for name in n.input} | outputs
+    used = names_read(graph)
     live = [i for i in graph.initializer if i.name in used]
     del graph.initializer[:]
     graph.initializer.extend(live)
-    del consumers
     return model
+
+
+def _batched_weight_products(model: Any) -> list[str]:
+    """The MatMuls whose constant operand is not a matrix (a folded batch of them, as DeBERTa's
+    relative positions give): ORT's kernel takes one scale per output column of a 2-D weight
+    only and fails at run time on a per-channel quantized 3-D one. Unnamed ones get a name."""
+    ranks = {i.name: len(i.dims) for i in model.graph.initializer}
+    names = []
+    for i, node in enumerate(model.graph.node):
+        if node.op_type == "MatMul" and ranks.get(node.input[1], 2) != 2:
+            if not node.name:
+                node.name = f"ort_lazy_batched_product_{i}"
+            names.append(node.name)
+    return names
+
+
+def names_read(graph: Any) -> set[str]:
+    """Every value name an ONNX ``graph`` reads: its nodes' inputs and its outputs, and those of
+    the graphs inside its nodes (an ``If`` branch reads values of the graph around it, such as
+    the shape max pooling's NaN rule works with)."""
+    names = {o.name for o in graph.output}
+    for node in graph.node:
+        names.update(node.input)
+        for a in node.attribute:
+            for sub in [a.g] if a.HasField("g") else list(a.graphs):
+                names |= names_read(sub)
+    return names
 
 
 @functools.lru_cache(maxsize=1)
