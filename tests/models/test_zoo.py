@@ -526,6 +526,63 @@ def test_int8_precision_inference(name: str) -> None:
     assert max(errors) < INT8_MAX_ERROR, errors
 
 
+@pytest.mark.parametrize("name", _params("freeze_weights"))
+def test_frozen_weights_inference(name: str) -> None:
+    """``freeze_weights=True`` on every model: the weights baked into the model (the other
+    export path: constants copied in, not the parameters' memory shared), eager's outputs."""
+    case = CASES[name]
+    inputs, _ = case_inputs(case)
+    model = case.model().eval()
+    torch._dynamo.reset()
+    metrics.reset()
+    with torch.no_grad(), one_thread():
+        expected = outputs_of(case, model(**inputs))
+        actual = outputs_of(case, torch.compile(model, backend="ort", options={"freeze_weights": True})(**inputs))
+    c = metrics.counters()
+    assert c["ort_runs"] > 0 and not (c["compile_failures"] or c["export_failures"] or c["ort_failures"]), c
+    for got, want in zip(actual, expected, strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert max_rel_error(got, want) < 1e-4, max_rel_error(got, want)
+
+
+@pytest.mark.parametrize("name", _params("disk_cache"))
+def test_warm_disk_cache(name: str, tmp_path) -> None:
+    """Every model through the persistent cache, cold then warm (dynamo reset between, as in a
+    new process): the warm compile exports nothing, reads every model back (specs, symbolic
+    dims, facts, shared weights) and gives the cold run's outputs and gradients bit for bit."""
+    import zoo_runs
+
+    case = CASES[name]
+    inputs, labels = case_inputs(case)
+    options = {"cache_dir": str(tmp_path)}
+
+    def step() -> tuple[list[torch.Tensor], dict[str, torch.Tensor], dict[str, int]]:
+        torch._dynamo.reset()
+        metrics.reset()
+        torch.manual_seed(0)
+        model = case.model().eval()
+        with torch.no_grad():
+            outs = [t.clone() for t in outputs_of(case, torch.compile(model, backend="ort", options=options)(**inputs))]
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        trained = case.train_model().train()
+        compiled = torch.compile(trained, backend="ort", options=options)
+        zoo_runs.loss_of(compiled(**inputs, labels=labels)).backward()
+        grads = {n: p.grad for n, p in trained.named_parameters() if p.grad is not None}
+        return outs, grads, metrics.counters()
+
+    with one_thread():
+        cold_outs, cold_grads, cold = step()
+        warm_outs, warm_grads, warm = step()
+    assert cold["disk_cache_misses"] > 0 and cold["ort_runs"] > 0, cold
+    assert warm["disk_cache_hits"] == cold["disk_cache_misses"] and not warm["disk_cache_misses"], warm
+    assert not (warm["export_failures"] or warm["ort_failures"] or warm["compile_failures"]), warm
+    assert warm["ort_runs"] == cold["ort_runs"], (cold, warm)
+    for got, want in zip(warm_outs, cold_outs, strict=True):
+        assert torch.equal(got, want)
+    assert warm_grads.keys() == cold_grads.keys() and all(torch.equal(warm_grads[k], cold_grads[k]) for k in cold_grads)
+
+
 @pytest.mark.parametrize("name", _params("fp16"))
 def test_fp16_precision_graph_on_cpu(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     """``precision="fp16"`` as a GPU gets it (products and the ops around them in float16),
