@@ -583,6 +583,38 @@ def test_warm_disk_cache(name: str, tmp_path) -> None:
     assert warm_grads.keys() == cold_grads.keys() and all(torch.equal(warm_grads[k], cold_grads[k]) for k in cold_grads)
 
 
+#: ops kept in PyTorch to cut every model into many regions (residual sums, scalings, gates)
+SPLITTING_OPS = ("aten.add.Tensor", "aten.mul.Tensor")
+
+#: models whose float32 training step, cut into many regions, rounds beyond the float32 bound:
+#: Xception (BatchNorm over a batch of 2 through 12 separable blocks; 41 of 254 gradients up to
+#: 3.7x the bound, |ort|/|eager| = 1), within it in float64
+SPLIT_TRAINING_IN_FLOAT64 = (*TRAINING_IN_FLOAT64, "xception")
+
+
+@pytest.mark.parametrize("name", _params("split"))
+def test_parity_with_regions_split(name: str) -> None:
+    """Every model cut into many regions (``torch_executed_ops`` keeps additions and products
+    in PyTorch): the values crossing each boundary, in inference and in a training step, give
+    eager's outputs, loss and gradients."""
+    case = CASES[name]
+    inputs, _ = case_inputs(case)
+    model = case.model().eval()
+    torch._dynamo.reset()
+    metrics.reset()
+    with torch.no_grad(), one_thread():
+        expected = outputs_of(case, model(**inputs))
+        actual = outputs_of(case, torch.compile(model, backend="ort", options={"torch_executed_ops": SPLITTING_OPS})(**inputs))
+    c = metrics.counters()
+    # (DenseNet's and Inception's eval graphs concatenate instead: one region)
+    assert c["ort_runs"] > 0 and not (c["compile_failures"] or c["export_failures"] or c["ort_failures"]), c
+    for got, want in zip(actual, expected, strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert max_rel_error(got, want) < 1e-4, max_rel_error(got, want)
+    dtype = torch.float64 if name in SPLIT_TRAINING_IN_FLOAT64 else torch.float32
+    _assert_training_parity(training(name, options=(("torch_executed_ops", SPLITTING_OPS),), dtype=dtype))
+
+
 @pytest.mark.parametrize("name", _params("fp16"))
 def test_fp16_precision_graph_on_cpu(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     """``precision="fp16"`` as a GPU gets it (products and the ops around them in float16),
