@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import operator
 import statistics
 import time
@@ -179,6 +180,41 @@ def compute_ops(gm: torch.fx.GraphModule) -> list[str]:
     return [op_name(n.target) for n in gm.graph.nodes if n.op == "call_function" and n.target is not operator.getitem]
 
 
+def traced_layouts(gm: torch.fx.GraphModule) -> dict[int, tuple[int, ...]]:
+    """Placeholder position -> order of its dims in memory (outermost first), for the tensors
+    ``gm`` was traced with in a dense layout other than the contiguous one (channels-last);
+    symbolic strides are left out."""
+    layouts = {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, node in enumerate(placeholders):
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor) or val.dim() < 2:
+            continue
+        try:
+            strides, shape = [int(x) for x in val.stride()], [int(x) for x in val.shape]
+        except (TypeError, ValueError, RuntimeError):
+            continue
+        order = tuple(sorted(range(len(shape)), key=lambda d: -strides[d]))
+        dense = math.prod(shape) == 0 or all(
+            strides[d] == math.prod(shape[e] for e in order[k + 1 :]) for k, d in enumerate(order) if shape[d] != 1
+        )
+        if dense and not val.is_contiguous():
+            layouts[i] = order
+    return layouts
+
+
+def in_layout(value: Any, order: tuple[int, ...]) -> Any:
+    """``value`` with its dims laid out in memory in ``order`` (outermost first): itself when
+    they already are, else a copy."""
+    if not isinstance(value, torch.Tensor) or value.dim() != len(order):
+        return value
+    permuted = value.permute(order)
+    if permuted.is_contiguous():
+        return value
+    inverse = sorted(range(len(order)), key=order.__getitem__)
+    return permuted.contiguous().permute(inverse)
+
+
 class OrtRegion(Region, torch.nn.Module):
     """One fused FX submodule on ORT; falls back to the submodule if ORT fails at run time.
 
@@ -204,9 +240,10 @@ class OrtRegion(Region, torch.nn.Module):
         export: Callable[[torch.fx.GraphModule, str], OrtModel] | None = None,
     ) -> None:
         torch.nn.Module.__init__(self)
-        Region.__init__(self, name, options, compute_ops(torch_module), lambda args: self.torch_module(*self._full_args(args)))
+        Region.__init__(self, name, options, compute_ops(torch_module), self._torch)
         self.torch_module = torch_module
         self.constants = dict(sorted((constants or {}).items()))
+        self._layouts = traced_layouts(torch_module)
         self.weights = weights
         self._follow = bool(self.constants) and weights in ("shared", "copied") and export is not None
         self._state = self._weight_state() if self._follow else ()
@@ -288,7 +325,7 @@ class OrtRegion(Region, torch.nn.Module):
 
     def _autotune(self, runner: OrtRunner, args: tuple[Any, ...], calls: int = 5) -> bool:
         """Time this region on ORT and in PyTorch on real inputs; True when ORT is faster."""
-        full = self._full_args(args)
+        full = self._twin_args(args)
         ort_t: list[float] = []
         torch_t: list[float] = []
         try:
@@ -325,8 +362,18 @@ class OrtRegion(Region, torch.nn.Module):
             full.insert(index, value)
         return full
 
-    def _torch(self, args: tuple[Any, ...]) -> Any:
-        return self.torch_module(*self._full_args(args)) if self.constants else self.torch_module(*args)
+    def _twin_args(self, args: Sequence[Any]) -> list[Any]:
+        """The twin's arguments: the constants put in, and each tensor in the memory layout
+        the graph was traced with (a region's outputs are contiguous where PyTorch's op would
+        have made them channels-last, and the twin's views rely on the traced strides)."""
+        full = self._full_args(args) if self.constants else list(args)
+        for i, order in self._layouts.items():
+            if i < len(full):
+                full[i] = in_layout(full[i], order)
+        return full
+
+    def _torch(self, args: Sequence[Any]) -> Any:
+        return self.torch_module(*self._twin_args(args))
 
 
 class TorchScriptGroup(Region):
