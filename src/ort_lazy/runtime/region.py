@@ -180,7 +180,7 @@ def compute_ops(gm: torch.fx.GraphModule) -> list[str]:
     return [op_name(n.target) for n in gm.graph.nodes if n.op == "call_function" and n.target is not operator.getitem]
 
 
-def traced_layouts(gm: torch.fx.GraphModule) -> dict[int, tuple[int, ...]]:
+def _traced_layouts(gm: torch.fx.GraphModule) -> dict[int, tuple[int, ...]]:
     """Placeholder position -> order of its dims in memory (outermost first), for the tensors
     ``gm`` was traced with in a dense layout other than the contiguous one (channels-last);
     symbolic strides are left out."""
@@ -190,10 +190,9 @@ def traced_layouts(gm: torch.fx.GraphModule) -> dict[int, tuple[int, ...]]:
         val = node.meta.get("val")
         if not isinstance(val, torch.Tensor) or val.dim() < 2:
             continue
-        try:
-            strides, shape = [int(x) for x in val.stride()], [int(x) for x in val.shape]
-        except (TypeError, ValueError, RuntimeError):
-            continue
+        if not all(isinstance(x, int) for x in (*val.shape, *val.stride())):
+            continue  # symbolic: reading a SymInt's value would specialize the shape
+        strides, shape = list(val.stride()), list(val.shape)
         order = tuple(sorted(range(len(shape)), key=lambda d: -strides[d]))
         dense = math.prod(shape) == 0 or all(
             strides[d] == math.prod(shape[e] for e in order[k + 1 :]) for k, d in enumerate(order) if shape[d] != 1
@@ -203,7 +202,7 @@ def traced_layouts(gm: torch.fx.GraphModule) -> dict[int, tuple[int, ...]]:
     return layouts
 
 
-def in_layout(value: Any, order: tuple[int, ...]) -> Any:
+def _in_layout(value: Any, order: tuple[int, ...]) -> Any:
     """``value`` with its dims laid out in memory in ``order`` (outermost first): itself when
     they already are, else a copy."""
     if not isinstance(value, torch.Tensor) or value.dim() != len(order):
@@ -243,7 +242,7 @@ class OrtRegion(Region, torch.nn.Module):
         Region.__init__(self, name, options, compute_ops(torch_module), self._torch)
         self.torch_module = torch_module
         self.constants = dict(sorted((constants or {}).items()))
-        self._layouts = traced_layouts(torch_module)
+        self._layouts = _traced_layouts(torch_module)
         self.weights = weights
         self._follow = bool(self.constants) and weights in ("shared", "copied") and export is not None
         self._state = self._weight_state() if self._follow else ()
@@ -369,7 +368,7 @@ class OrtRegion(Region, torch.nn.Module):
         full = self._full_args(args) if self.constants else list(args)
         for i, order in self._layouts.items():
             if i < len(full):
-                full[i] = in_layout(full[i], order)
+                full[i] = _in_layout(full[i], order)
         return full
 
     def _torch(self, args: Sequence[Any]) -> Any:
