@@ -475,6 +475,13 @@ def test_fast_math_inference(name: str) -> None:
     outputs stay within 1e-4 of eager's largest (its approximations are ~1e-7 apart from
     eager's; in the far negative tail of a sigmoid, where it gives 0, eager's value is below
     1.5e-8)."""
+    actual, expected, _ = _inference_with(name, {"fast_math": True})
+    _assert_near(actual, expected, 1e-4)
+
+
+def _inference_with(name: str, options: dict[str, Any]) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.nn.Module]:
+    """The case in eval mode, no grad, one thread: ort-lazy's outputs with ``options``, eager's,
+    and the model, once ORT has run and nothing failed or fell back."""
     case = CASES[name]
     inputs, _ = case_inputs(case)
     model = case.model().eval()
@@ -482,12 +489,21 @@ def test_fast_math_inference(name: str) -> None:
     metrics.reset()
     with torch.no_grad(), one_thread():
         expected = outputs_of(case, model(**inputs))
-        actual = outputs_of(case, torch.compile(model, backend="ort", options={"fast_math": True})(**inputs))
+        actual = outputs_of(case, torch.compile(model, backend="ort", options=options)(**inputs))
     c = metrics.counters()
     assert c["ort_runs"] > 0 and not (c["compile_failures"] or c["export_failures"] or c["ort_failures"]), c
+    return actual, expected, model
+
+
+def _assert_near(actual: list[torch.Tensor], expected: list[torch.Tensor], bound: float) -> list[float]:
+    """Each output eager's dtype and shape, finite, within ``bound`` of eager's largest
+    magnitude; returns the errors."""
+    errors = []
     for got, want in zip(actual, expected, strict=True):
-        assert got.dtype == want.dtype and got.shape == want.shape
-        assert max_rel_error(got, want) < 1e-4, max_rel_error(got, want)
+        assert got.dtype == want.dtype and got.shape == want.shape and torch.isfinite(got).all()
+        errors.append(max_rel_error(got, want))
+        assert errors[-1] < bound, errors
+    return errors
 
 
 #: ``precision="int8-dynamic"``'s largest error allowed on a zoo model, against eager's largest
@@ -502,47 +518,24 @@ def test_int8_precision_inference(name: str) -> None:
     falling back (a pass over the exported model that missed the values an ``If`` branch reads
     made every CNN with max pooling fall back whole), its products really quantized, and its
     outputs finite and within :data:`INT8_MAX_ERROR` of eager's."""
-    from helpers import captured_exports
-
-    case = CASES[name]
-    inputs, _ = case_inputs(case)
-    model = case.model().eval()
-    torch._dynamo.reset()
-    metrics.reset()
-    with torch.no_grad(), one_thread(), captured_exports() as models:
-        expected = outputs_of(case, model(**inputs))
-        actual = outputs_of(case, torch.compile(model, backend="ort", options={"precision": "int8-dynamic"})(**inputs))
-    c = metrics.counters()
-    assert c["ort_runs"] > 0 and not (c["compile_failures"] or c["export_failures"] or c["ort_failures"]), c
     import onnx
 
+    from helpers import captured_exports
+
+    with captured_exports() as models:
+        actual, expected, model = _inference_with(name, {"precision": "int8-dynamic"})
     ops = {n.op_type for m in models for n in onnx.load_from_string(m.model_bytes).graph.node}
     if any(isinstance(m, torch.nn.Linear) for m in model.modules()):  # DLA's head is a convolution
         assert ops & {"MatMulInteger", "DynamicQuantizeMatMul"}, sorted(ops)
-    errors = []
-    for got, want in zip(actual, expected, strict=True):
-        assert got.dtype == want.dtype and got.shape == want.shape and torch.isfinite(got).all()
-        errors.append(max_rel_error(got, want))
-    assert max(errors) < INT8_MAX_ERROR, errors
+    _assert_near(actual, expected, INT8_MAX_ERROR)
 
 
 @pytest.mark.parametrize("name", _params("freeze_weights"))
 def test_frozen_weights_inference(name: str) -> None:
     """``freeze_weights=True`` on every model: the weights baked into the model (the other
     export path: constants copied in, not the parameters' memory shared), eager's outputs."""
-    case = CASES[name]
-    inputs, _ = case_inputs(case)
-    model = case.model().eval()
-    torch._dynamo.reset()
-    metrics.reset()
-    with torch.no_grad(), one_thread():
-        expected = outputs_of(case, model(**inputs))
-        actual = outputs_of(case, torch.compile(model, backend="ort", options={"freeze_weights": True})(**inputs))
-    c = metrics.counters()
-    assert c["ort_runs"] > 0 and not (c["compile_failures"] or c["export_failures"] or c["ort_failures"]), c
-    for got, want in zip(actual, expected, strict=True):
-        assert got.dtype == want.dtype and got.shape == want.shape
-        assert max_rel_error(got, want) < 1e-4, max_rel_error(got, want)
+    actual, expected, _ = _inference_with(name, {"freeze_weights": True})
+    _assert_near(actual, expected, 1e-4)
 
 
 @pytest.mark.parametrize("name", _params("disk_cache"))
@@ -596,21 +589,10 @@ SPLIT_TRAINING_IN_FLOAT64 = (*TRAINING_IN_FLOAT64, "xception")
 def test_parity_with_regions_split(name: str) -> None:
     """Every model cut into many regions (``torch_executed_ops`` keeps additions and products
     in PyTorch): the values crossing each boundary, in inference and in a training step, give
-    eager's outputs, loss and gradients."""
-    case = CASES[name]
-    inputs, _ = case_inputs(case)
-    model = case.model().eval()
-    torch._dynamo.reset()
-    metrics.reset()
-    with torch.no_grad(), one_thread():
-        expected = outputs_of(case, model(**inputs))
-        actual = outputs_of(case, torch.compile(model, backend="ort", options={"torch_executed_ops": SPLITTING_OPS})(**inputs))
-    c = metrics.counters()
-    # (DenseNet's and Inception's eval graphs concatenate instead: one region)
-    assert c["ort_runs"] > 0 and not (c["compile_failures"] or c["export_failures"] or c["ort_failures"]), c
-    for got, want in zip(actual, expected, strict=True):
-        assert got.dtype == want.dtype and got.shape == want.shape
-        assert max_rel_error(got, want) < 1e-4, max_rel_error(got, want)
+    eager's outputs, loss and gradients (DenseNet's and Inception's eval graphs concatenate
+    instead: one region there)."""
+    actual, expected, _ = _inference_with(name, {"torch_executed_ops": SPLITTING_OPS})
+    _assert_near(actual, expected, 1e-4)
     dtype = torch.float64 if name in SPLIT_TRAINING_IN_FLOAT64 else torch.float32
     _assert_training_parity(training(name, options=(("torch_executed_ops", SPLITTING_OPS),), dtype=dtype))
 
