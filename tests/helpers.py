@@ -157,7 +157,6 @@ def run_in_threads(worker: Callable[[int], None], count: int = 8, timeout: float
 @contextlib.contextmanager
 def captured_exports() -> Iterator[list[Any]]:
     """Collect every OrtModel the dynamo/fx path exports inside the block."""
-    from ort_lazy import partition
     from ort_lazy.export import cache
 
     captured: list[Any] = []
@@ -168,13 +167,11 @@ def captured_exports() -> Iterator[list[Any]]:
         captured.append(model)
         return model
 
-    cache.export_graph = spy
-    partition.export_graph = spy
+    cache.export_graph = spy  # every export of the dynamo/fx path goes through the cache module
     try:
         yield captured
     finally:
         cache.export_graph = real
-        partition.export_graph = real
 
 
 def aten_graph(fn: Callable[..., Any], *args: Any) -> torch.fx.GraphModule:

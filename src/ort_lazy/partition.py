@@ -22,8 +22,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 from . import metrics
 from ._compat import size_hint
 from .debug.records import GraphRecord, mark, new_record
-from .export.cache import cached_export, graph_device
-from .export.fx import export_graph
+from .export.cache import cached_export, export_for, graph_device
 from .opnames import op_name
 from .options import Options
 from .reasons import Reason
@@ -226,11 +225,7 @@ def _make_region(
     metrics.increment("regions_on_ort")
 
     def export(graph: torch.fx.GraphModule, export_name: str) -> Any:
-        providers = options.resolve_providers(graph_device(sub))
-        return export_graph(
-            graph, export_name, constants or None, providers, shared=shared, precision=options.precision,
-            fast_math=options.fast_math,
-        )
+        return export_for(graph, export_name, options, constants or None, shared, graph_device(sub))
 
     return OrtRegion(name, sub, runner, options, _tuple_output(sub), constants=constants, weights=weights, export=export)
 

@@ -18,7 +18,7 @@ from ..runtime.region import learn_facts
 from ..specs import OrtModel, spec_to_json
 from .fx import export_graph, spec_of
 
-__all__ = ["cached_export", "clear_shared_models", "graph_device"]
+__all__ = ["cached_export", "clear_shared_models", "export_for", "graph_device"]
 
 
 def graph_device(gm: torch.fx.GraphModule) -> torch.device:
@@ -67,10 +67,7 @@ def _cached_export(
     cache = disk_cache(options.cache_dir)
     device = graph_device(sub)
     if cache is None and not shared:
-        providers = options.resolve_providers(device)
-        return export_graph(
-            sub, name, constants, providers, shared=shared, precision=options.precision, fast_math=options.fast_math
-        )
+        return export_for(sub, name, options, constants, shared, device)
     specs = [spec_of(n.meta.get("val")) for n in sub.graph.nodes if n.op == "placeholder"]
     if shared:
         frozen = {str(i): [str(t.dtype), list(t.shape)] for i, t in (constants or {}).items()}
@@ -113,12 +110,25 @@ def _exported(
     """:func:`export_graph` for a model that is kept (on disk or in this process), with the
     facts a runner reads from it (:func:`~ort_lazy.runtime.region.learn_facts`), so the process
     that reuses it opens a session without parsing it."""
-    providers = options.resolve_providers(device)
-    model = export_graph(
-        sub, name, constants, providers, shared=shared, precision=options.precision, fast_math=options.fast_math
-    )
+    model = export_for(sub, name, options, constants, shared, device)
     learn_facts(model, device)
     return model
+
+
+def export_for(
+    sub: torch.fx.GraphModule,
+    name: str,
+    options: Options,
+    constants: dict[int, torch.Tensor] | None,
+    shared: bool,
+    device: torch.device,
+) -> OrtModel:
+    """:func:`export_graph` with what ``options`` say about the model: the providers for
+    ``device``, ``precision`` and ``fast_math`` (no cache)."""
+    return export_graph(
+        sub, name, constants, options.resolve_providers(device), shared=shared, precision=options.precision,
+        fast_math=options.fast_math,
+    )
 
 
 def _tensor_digest(t: torch.Tensor) -> str:

@@ -365,7 +365,7 @@ class OrtRegion(Region, torch.nn.Module):
         """The twin's arguments: the constants put in, and each tensor in the memory layout
         the graph was traced with (a region's outputs are contiguous where PyTorch's op would
         have made them channels-last, and the twin's views rely on the traced strides)."""
-        full = self._full_args(args) if self.constants else list(args)
+        full = self._full_args(args)
         for i, order in self._layouts.items():
             if i < len(full):
                 full[i] = _in_layout(full[i], order)
