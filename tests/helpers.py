@@ -248,3 +248,21 @@ def torch_decomposition_of(op: Any) -> Iterator[None]:
             yield
     finally:
         decompositions.decomposition_table.cache_clear()
+
+
+class ChannelsLastBlock(torch.nn.Module):
+    """A ConvNeXt block: depthwise convolution, then a channels-last MLP (permuted in and out),
+    added back. PyTorch's tensors between the two are channels-last; an ORT region's are
+    contiguous."""
+
+    def __init__(self, dim: int = 16) -> None:
+        super().__init__()
+        self.dwconv = torch.nn.Conv2d(dim, dim, 7, padding=3, groups=dim)
+        self.norm = torch.nn.LayerNorm(dim)
+        self.fc1 = torch.nn.Linear(dim, 4 * dim)
+        self.fc2 = torch.nn.Linear(4 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.dwconv(x).permute(0, 2, 3, 1)
+        y = self.fc2(torch.nn.functional.gelu(self.fc1(self.norm(y))))
+        return y.permute(0, 3, 1, 2) + x  # channels-last, as the first operand

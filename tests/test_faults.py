@@ -10,7 +10,7 @@ import textwrap
 import pytest
 import torch
 
-from helpers import assert_close, assert_ran_on_ort, compile_ort
+from helpers import ChannelsLastBlock, assert_close, assert_ran_on_ort, compile_ort
 from ort_lazy import metrics, partition
 from ort_lazy.export import cache as export_cache
 from ort_lazy.export.fx import ExportError
@@ -192,24 +192,6 @@ def test_inputs_on_mixed_devices_error_like_eager():
     assert "device" in str(eager_error.value).lower() and "device" in str(compiled_error.value).lower()
 
 
-class _ChannelsLastBlock(torch.nn.Module):
-    """A ConvNeXt block: depthwise convolution, then a channels-last MLP (permuted in and out),
-    added back. PyTorch's tensors between the two are channels-last; an ORT region's are
-    contiguous."""
-
-    def __init__(self, dim: int = 16) -> None:
-        super().__init__()
-        self.dwconv = torch.nn.Conv2d(dim, dim, 7, padding=3, groups=dim)
-        self.norm = torch.nn.LayerNorm(dim)
-        self.fc1 = torch.nn.Linear(dim, 4 * dim)
-        self.fc2 = torch.nn.Linear(4 * dim, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.dwconv(x).permute(0, 2, 3, 1)
-        y = self.fc2(torch.nn.functional.gelu(self.fc1(self.norm(y))))
-        return y.permute(0, 3, 1, 2) + x  # channels-last, as the first operand
-
-
 @pytest.mark.parametrize("failing", ["forward", "backward"])
 def test_a_region_falling_back_reads_what_ort_regions_computed(monkeypatch, failing):
     """A region whose ORT run fails runs its PyTorch twin on the very inputs ORT got: tensors
@@ -224,8 +206,8 @@ def test_a_region_falling_back_reads_what_ort_regions_computed(monkeypatch, fail
 
     monkeypatch.setattr(session_mod.OrtRunner, "_run", fail_some)
     torch.manual_seed(0)
-    block = torch.nn.Sequential(_ChannelsLastBlock(), _ChannelsLastBlock())
-    ref = torch.nn.Sequential(_ChannelsLastBlock(), _ChannelsLastBlock())
+    block = torch.nn.Sequential(ChannelsLastBlock(), ChannelsLastBlock())
+    ref = torch.nn.Sequential(ChannelsLastBlock(), ChannelsLastBlock())
     ref.load_state_dict(block.state_dict())
     x = torch.randn(2, 16, 6, 6)
     compiled = compile_ort(block)

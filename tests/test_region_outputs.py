@@ -18,7 +18,14 @@ from typing import Any
 import pytest
 import torch
 
-from helpers import assert_close, assert_ran_on_ort, captured_exports, compile_ort
+from helpers import (
+    ChannelsLastBlock,
+    assert_close,
+    assert_ran_on_ort,
+    captured_exports,
+    compile_ort,
+    train_parity,
+)
 from ort_lazy import metrics
 from ort_lazy.partition import VIEW_OUTSIDE_BYTES
 
@@ -52,14 +59,14 @@ _W = _rows(64, 64)
 
 
 def _returned_view(x: torch.Tensor) -> Any:
-    y = (x @ _W).relu()
+    y = (x @ _W.to(x.dtype)).relu()
     return y.view(-1), y.sum(0)  # y read inside (the sum) and, viewed, after the region
 
 
 def _view_of_view(x: torch.Tensor) -> Any:
-    v = (x @ _W).tanh().view(8, 128, 64)
+    v = (x @ _W.to(x.dtype)).tanh().view(8, 128, 64)
     flat = v.reshape(1024, 64)
-    return v, flat @ _W, flat.unsqueeze(0)  # two views of one value, one also read inside
+    return v, flat @ _W.to(x.dtype), flat.unsqueeze(0)  # two views of one value, one also read inside
 
 
 def _input_view_read_by_pytorch(x: torch.Tensor) -> Any:
@@ -68,7 +75,7 @@ def _input_view_read_by_pytorch(x: torch.Tensor) -> Any:
 
 
 def _squeezed(x: torch.Tensor) -> Any:
-    y = (x @ _W).unsqueeze(1)
+    y = (x @ _W.to(x.dtype)).unsqueeze(1)
     return y.squeeze(1).exp(), torch.cumsum(y, 0)
 
 
@@ -82,10 +89,13 @@ CASES: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_large_views_after_a_region_are_made_in_pytorch(name: str) -> None:
-    """Eager's values, ORT ran, and no region returns a large value through a shape op."""
+    """Eager's values, ORT ran, and no region returns a large value through a shape op.
+
+    The yardstick is eager in float64: PyTorch's float32 product of these sizes came out up to
+    1e-3 off in some runs (1.6e-5 in others), which failed the comparison now and then."""
     fn, options = CASES[name]
     x = _rows(1024, 64)  # 256 KiB values, at the threshold
-    expected = fn(x)
+    expected = [t.float() for t in fn(x.double())]
     metrics.reset()
     with captured_exports() as models:
         actual = compile_ort(fn, **options)(x)
@@ -188,3 +198,52 @@ def test_dynamic_training_regions_return_no_large_views() -> None:
     assert_ran_on_ort(6)  # a forward and two backward regions per step
     symbolic = [f for f in _shape_op_outputs(models) if f[2] < 0]
     assert not symbolic, symbolic
+
+
+class _ChannelsLastNet(torch.nn.Module):
+    """Convolutions on channels-last tensors (the model and its input converted), flattened."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.body(x)
+        return y.permute(0, 2, 3, 1).view(y.shape[0], -1)  # a view eager can make of channels-last only
+
+
+_LAYOUT_MODELS: dict[str, tuple[Callable[[], torch.nn.Module], Callable[[], torch.Tensor]]] = {
+    "ConvNeXt blocks": (
+        lambda: torch.nn.Sequential(ChannelsLastBlock(), ChannelsLastBlock()),
+        lambda: torch.randn(2, 16, 6, 6, generator=_G),
+    ),
+    "channels-last network": (
+        lambda: _ChannelsLastNet().to(memory_format=torch.channels_last),
+        lambda: torch.randn(2, 3, 8, 8, generator=_G).contiguous(memory_format=torch.channels_last),
+    ),
+}
+
+#: ops kept in PyTorch so that its views, permutes and products read values regions computed
+_LAYOUT_CUTS = {
+    "permute and view": ("aten.permute", "aten.view"),
+    "views": ("aten.view", "aten._unsafe_view"),
+    "convolutions": ("aten.convolution", "aten.convolution_backward"),
+}
+
+
+@pytest.mark.parametrize("cut", list(_LAYOUT_CUTS))
+@pytest.mark.parametrize("model", list(_LAYOUT_MODELS))
+def test_pytorch_reads_region_outputs_in_the_traced_layout(model: str, cut: str) -> None:
+    """ORT returns every value contiguous; PyTorch made some channels-last (a channels-last
+    network, a ``permute`` back after a channels-last layer norm), and the graph's PyTorch ops
+    were traced with those strides: a ``view`` after a ``permute`` of such a value raised in
+    PyTorch (in the forward graph, and in the backward one, which reads the saved tensors
+    forward regions returned). The training steps match eager with each cut, and ORT ran."""
+    make, example = _LAYOUT_MODELS[model]
+    metrics.reset()
+    torch._dynamo.reset()
+    train_parity(make, [example()], steps=2, torch_executed_ops=_LAYOUT_CUTS[cut])
+    c = assert_ran_on_ort(min_runs=4)
+    assert c.get("fallback_ops", 0) > 0, c  # the cut really kept ops in PyTorch

@@ -27,7 +27,16 @@ from .opnames import op_name
 from .options import Options
 from .reasons import Reason
 from .runtime.flavour import provider_problem
-from .runtime.region import OrtRegion, compute_ops, dump, open_runner, report_fallback
+from .runtime.region import (
+    OrtRegion,
+    compute_ops,
+    dense_order,
+    dump,
+    in_layout,
+    open_runner,
+    report_fallback,
+    traced_order,
+)
 from .support import graph_reasons, mark_runtime_weights, probe_error, save_support_table
 
 __all__ = ["compile_graph", "SHAPE_VIEWS", "VIEW_OUTSIDE_BYTES"]
@@ -325,11 +334,94 @@ def compile_graph(
         else:
             for op in ops:
                 mark(record, op, Reason.EXPORT_FAILED + " / " + Reason.ORT_FAILED)
+    _torch_reads_traced_layouts(fused)
     fused.recompile()
     record.steps = _steps(fused, reasons, {r["name"]: r for r in record.regions}, tag)
     save_support_table(options.cache_dir)
     _finish(record, start)
     return fused
+
+
+def _region_of(node: torch.fx.Node) -> OrtRegion | None:
+    region = getattr(node.target, "__self__", None) if node.op == "call_function" else None
+    return region if isinstance(region, OrtRegion) else None
+
+
+def _region_value(node: torch.fx.Node) -> tuple[bool, Any]:
+    """(True, the value its graph was traced with) when ``node`` is a region's call or one of
+    its outputs (the value: None for the call of a region returning a tuple); (False, None)
+    for other nodes."""
+    index = None
+    region = _region_of(node)
+    if region is None and node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node):
+        region, index = _region_of(node.args[0]), node.args[1]
+    if region is None:
+        return False, None
+    returned = next(n for n in reversed(region.torch_module.graph.nodes) if n.op == "output").args[0]
+    if region.tuple_output:
+        returned = returned[index] if isinstance(index, int) else None
+    return True, returned.meta.get("val") if isinstance(returned, torch.fx.Node) else None
+
+
+#: ops whose result depends on their input's strides, not only its values: ``view`` raises
+#: where the strides do not allow it, ``_reshape_alias`` and ``as_strided`` address memory
+_STRIDE_READERS = frozenset(
+    {
+        _aten.view.default,
+        _aten._unsafe_view.default,
+        _aten.view.dtype,
+        _aten.view_as_complex.default,
+        _aten._reshape_alias.default,
+        _aten.as_strided.default,
+    }
+)
+
+
+def _torch_reads_traced_layouts(gm: torch.fx.GraphModule) -> int:
+    """Make the PyTorch ops of ``gm`` that read strides (:data:`_STRIDE_READERS`) read their
+    input in the memory layout the graph was traced with.
+
+    ORT returns every output contiguous where PyTorch's op made it channels-last or permuted
+    (a ``permute`` back after a channels-last layer norm), and a saved tensor reaches the
+    backward graph in the layout the forward region gave it. Values are the same, and so are
+    those of the PyTorch ops after them, whose layouts follow their inputs'; but a ``view``
+    after a ``permute`` of such a tensor raised where eager's succeeded. Each value that may be
+    laid out otherwise than traced (such an output or placeholder, and what PyTorch ops make of
+    it) goes through :func:`~ort_lazy.runtime.region.in_layout` before a stride reader reads
+    it: a check per call, a copy only when the layout differs. Returns the number of values so
+    laid out.
+    """
+    traced: dict[torch.fx.Node, Any] = {}  # a region output's value when traced
+    moved: set[torch.fx.Node] = set()  # values whose layout may differ from the traced one
+    laid_out: dict[torch.fx.Node, torch.fx.Node] = {}
+    for node in list(gm.graph.nodes):
+        if node.op == "placeholder":
+            if traced_order(node.meta.get("val")) is not None:
+                moved.add(node)
+            continue
+        if node.op != "call_function" or node.target is in_layout:
+            continue
+        is_region_value, val = _region_value(node)
+        if is_region_value:
+            traced[node] = val
+            if traced_order(val) is not None:
+                moved.add(node)
+            continue
+        inputs = [v for v in node.all_input_nodes if v in moved]
+        if not inputs:
+            continue
+        if node.target not in _STRIDE_READERS:
+            moved.add(node)  # its layout follows its inputs'
+            continue
+        for value in inputs:
+            order = dense_order(traced.get(value, value.meta.get("val")))
+            if order is None:
+                continue  # symbolic or not dense: left as it is
+            if value not in laid_out:
+                with gm.graph.inserting_before(node):
+                    laid_out[value] = gm.graph.call_function(in_layout, (value, order))
+            node.replace_input_with(value, laid_out[value])
+    return len(laid_out)
 
 
 def _steps(

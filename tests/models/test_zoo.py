@@ -109,7 +109,7 @@ NOT_RUN: dict[tuple[str, str], str] = {
 #: test kinds whose fast subset is smaller than :data:`FAST` (the others run with --zoo-full):
 #: a dynamic batch costs 30-40 s per model, and the decoder is the case with the most
 #: batch-dependent shapes (causal mask, positions, cache-free attention)
-FAST_BY_KIND: dict[str, tuple[str, ...]] = {"dynamic": ("gpt2",)}
+FAST_BY_KIND: dict[str, tuple[str, ...]] = {"dynamic": ("gpt2",), "layout_split": ("convnext", "bert")}
 
 
 def _params(kind: str) -> list:
@@ -595,6 +595,23 @@ def test_parity_with_regions_split(name: str) -> None:
     _assert_near(actual, expected, 1e-4)
     dtype = torch.float64 if name in SPLIT_TRAINING_IN_FLOAT64 else torch.float32
     _assert_training_parity(training(name, options=(("torch_executed_ops", SPLITTING_OPS),), dtype=dtype))
+
+
+#: ops kept in PyTorch so that it permutes, transposes and views what regions computed (and
+#: the saved tensors forward regions returned, in the backward graph)
+LAYOUT_OPS = ("aten.permute", "aten.transpose", "aten.view", "aten._unsafe_view", "aten.expand", "aten.clone")
+
+
+@pytest.mark.parametrize("name", _params("layout_split"))
+def test_parity_with_layout_ops_in_pytorch(name: str) -> None:
+    """Every model with its permutes, transposes, views, expands and copies in PyTorch, which
+    reads the values regions return: contiguous where PyTorch's ops made them channels-last or
+    permuted (ConvNeXt's and PoolFormer's channels-last layer norms; a ``view`` after a
+    ``permute`` of such a value raised), in inference and in a training step."""
+    actual, expected, _ = _inference_with(name, {"torch_executed_ops": LAYOUT_OPS})
+    _assert_near(actual, expected, 1e-4)
+    dtype = torch.float64 if name in SPLIT_TRAINING_IN_FLOAT64 else torch.float32
+    _assert_training_parity(training(name, options=(("torch_executed_ops", LAYOUT_OPS),), dtype=dtype))
 
 
 @pytest.mark.parametrize("name", _params("fp16"))

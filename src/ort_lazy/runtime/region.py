@@ -35,7 +35,7 @@ from .quirks import model_vector_matmul
 from .session import ORT_DEVICES, OrtInputError, OrtRunError, OrtRunner
 from .threads import model_flops, region_plan
 
-__all__ = ["Region", "OrtRegion", "TorchScriptGroup", "open_runner", "ops_text", "report_fallback", "dump", "compute_ops"]
+__all__ = ["Region", "OrtRegion", "TorchScriptGroup", "open_runner", "ops_text", "report_fallback", "dump", "compute_ops", "dense_order", "in_layout", "traced_order"]
 
 logger = logging.getLogger("ort_lazy")
 
@@ -180,33 +180,45 @@ def compute_ops(gm: torch.fx.GraphModule) -> list[str]:
     return [op_name(n.target) for n in gm.graph.nodes if n.op == "call_function" and n.target is not operator.getitem]
 
 
+def dense_order(val: Any) -> tuple[int, ...] | None:
+    """The order of ``val``'s dims in memory (outermost first) when it is a tensor laid out
+    densely (contiguous, channels-last, a permuted copy); None for non-dense and non-tensor
+    values, and for symbolic strides (reading a SymInt's value would specialize the shape)."""
+    if not isinstance(val, torch.Tensor):
+        return None
+    if not all(isinstance(x, int) for x in (*val.shape, *val.stride())):
+        return None
+    strides, shape = list(val.stride()), list(val.shape)
+    order = tuple(sorted(range(len(shape)), key=lambda d: -strides[d]))
+    dense = math.prod(shape) == 0 or all(
+        strides[d] == math.prod(shape[e] for e in order[k + 1 :]) for k, d in enumerate(order) if shape[d] != 1
+    )
+    return order if dense else None
+
+
+def traced_order(val: Any) -> tuple[int, ...] | None:
+    """:func:`dense_order` of a value a graph was traced with in a dense layout other than the
+    contiguous one (what ORT returns): None for contiguous ones."""
+    if not isinstance(val, torch.Tensor) or val.dim() < 2 or val.is_contiguous():
+        return None
+    return dense_order(val)
+
+
 def _traced_layouts(gm: torch.fx.GraphModule) -> dict[int, tuple[int, ...]]:
-    """Placeholder position -> order of its dims in memory (outermost first), for the tensors
-    ``gm`` was traced with in a dense layout other than the contiguous one (channels-last);
-    symbolic strides are left out."""
-    layouts = {}
+    """Placeholder position -> :func:`traced_order` of the tensor ``gm`` was traced with, where
+    it has one."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    for i, node in enumerate(placeholders):
-        val = node.meta.get("val")
-        if not isinstance(val, torch.Tensor) or val.dim() < 2:
-            continue
-        if not all(isinstance(x, int) for x in (*val.shape, *val.stride())):
-            continue  # symbolic: reading a SymInt's value would specialize the shape
-        strides, shape = list(val.stride()), list(val.shape)
-        order = tuple(sorted(range(len(shape)), key=lambda d: -strides[d]))
-        dense = math.prod(shape) == 0 or all(
-            strides[d] == math.prod(shape[e] for e in order[k + 1 :]) for k, d in enumerate(order) if shape[d] != 1
-        )
-        if dense and not val.is_contiguous():
-            layouts[i] = order
-    return layouts
+    orders = {i: traced_order(node.meta.get("val")) for i, node in enumerate(placeholders)}
+    return {i: order for i, order in orders.items() if order is not None}
 
 
-def _in_layout(value: Any, order: tuple[int, ...]) -> Any:
+def in_layout(value: Any, order: tuple[int, ...]) -> Any:
     """``value`` with its dims laid out in memory in ``order`` (outermost first): itself when
     they already are, else a copy."""
     if not isinstance(value, torch.Tensor) or value.dim() != len(order):
         return value
+    if order == tuple(range(len(order))):
+        return value.contiguous()
     permuted = value.permute(order)
     if permuted.is_contiguous():
         return value
@@ -368,7 +380,7 @@ class OrtRegion(Region, torch.nn.Module):
         full = self._full_args(args)
         for i, order in self._layouts.items():
             if i < len(full):
-                full[i] = _in_layout(full[i], order)
+                full[i] = in_layout(full[i], order)
         return full
 
     def _torch(self, args: Sequence[Any]) -> Any:
