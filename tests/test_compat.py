@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import pytest
 import torch
@@ -284,3 +285,34 @@ def test_body_calling_ops_are_this_torchs_higher_order_ops() -> None:
     ops = _compat.body_calling_ops()
     assert torch.ops.higher_order.cond in ops and torch.ops.higher_order.invoke_subgraph in ops
     assert all(isinstance(op, HigherOrderOperator) for op in ops) and len(ops) == 5
+
+
+def test_aot_graphs_say_which_outputs_their_caller_reads() -> None:
+    """AOTAutograd's output descriptors: a forward graph's user output and the base of an
+    output that views an intermediate are read by the caller, the tensors saved for backward
+    are not; a graph without descriptors gives None."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    seen: dict[str, list[bool] | None] = {}
+
+    def compiler(tag: str):
+        def compile_(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+            output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+            seen[tag] = _compat.returned_in_traced_layout(output)
+            return gm
+
+        return compile_
+
+    def fn(x: torch.Tensor, w: torch.Tensor) -> Any:
+        y = (x @ w).relu()
+        return y.sum(), y.t()  # y.t(): a view of an intermediate, regenerated from its base
+
+    x, w = torch.randn(4, 4), torch.randn(4, 4, requires_grad=True)
+    torch._dynamo.reset()
+    total, _ = torch.compile(fn, backend=aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward")))(x, w)
+    total.backward()
+    # the sum, the transposed value's base; then the two tensors the backward reads
+    assert seen["forward"] == [True, True, False, False], seen
+    assert not any(seen["backward"] or []), seen  # gradients: laid out by autograd
+    graph = torch.fx.symbolic_trace(lambda a: (a + 1, a * 2))
+    assert _compat.returned_in_traced_layout(next(n for n in graph.graph.nodes if n.op == "output")) is None

@@ -58,6 +58,64 @@ def test_debug_run_type_catches_an_injected_wrong_result(monkeypatch):
     assert "inference_fused_0" in msg and "mismatch at (2,)" in msg and "1 of 5" in msg
 
 
+def _cancelling(x: torch.Tensor) -> torch.Tensor:
+    return (x * 2).sum()  # float32 loses the 2 between the two large values; float64 keeps it
+
+
+@pytest.mark.parametrize(
+    ("ort_value", "accepted"),
+    [(2.0, True), (6.0, True), (11.0, False)],
+    ids=["exact", "as far as PyTorch", "further than PyTorch"],
+)
+def test_debug_accepts_what_is_as_exact_as_pytorch(monkeypatch, ort_value, accepted):
+    """An ill-conditioned output (a sum whose float32 result loses a term: PyTorch gives 0,
+    the exact result is 2) beyond the tolerance still matches when ORT's value is about as
+    close to the twin's float64 result as PyTorch's (within 4x its error), and is reported
+    otherwise; the float64 run includes the weights a region binds itself."""
+    x = torch.tensor([1e8, 1.0, -1e8])
+    assert _cancelling(x).item() == 0.0 and _cancelling(x.double()).item() == 2.0
+
+    def ort_result(self, binding, inputs):
+        return [torch.tensor(ort_value)]
+
+    monkeypatch.setattr(session_mod.OrtRunner, "_run", ort_result)
+    compiled = compile_ort(_cancelling, run_type="debug")
+    if accepted:
+        assert compiled(x).item() == ort_value
+        assert metrics.counters()["debug_ill_conditioned"] == 1
+    else:
+        with pytest.raises(MismatchError, match="1 of 1"):
+            compiled(x)
+
+
+def test_debug_arbiter_runs_the_region_with_its_weights_in_float64(monkeypatch):
+    """A region binding a linear layer's weights: its float64 twin widens them too."""
+    from ort_lazy.debug import compare
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(8, 1).eval()
+    x = torch.randn(4, 8)
+    exact = layer.double()(x.double()).detach()
+    layer.float()
+
+    def near_exact(self, binding, inputs):
+        return [exact.float() + 1e-3 * exact.abs().max().float()]  # beyond the tolerance
+
+    seen = []
+    original = compare._as_exact_as_pytorch
+
+    def spy(exact_run, expected, actual):
+        result = exact_run()
+        seen.append(result[0].dtype if isinstance(result, (list, tuple)) else result.dtype)
+        return original(exact_run, expected, actual)
+
+    monkeypatch.setattr(session_mod.OrtRunner, "_run", near_exact)
+    monkeypatch.setattr(compare, "_as_exact_as_pytorch", spy)
+    with torch.no_grad(), pytest.raises(MismatchError):
+        compile_ort(layer, run_type="debug")(x)  # 1e-3 off: further than PyTorch's float32
+    assert seen == [torch.float64], seen
+
+
 def test_debug_catches_dtype_and_shape_mismatch():
     from ort_lazy.debug.compare import compare_outputs
 

@@ -247,3 +247,45 @@ def test_pytorch_reads_region_outputs_in_the_traced_layout(model: str, cut: str)
     train_parity(make, [example()], steps=2, torch_executed_ops=_LAYOUT_CUTS[cut])
     c = assert_ran_on_ort(min_runs=4)
     assert c.get("fallback_ops", 0) > 0, c  # the cut really kept ops in PyTorch
+
+
+_CONV = torch.nn.Conv2d(3, 8, 3).to(memory_format=torch.channels_last)
+
+
+def _channels_last_values(x: torch.Tensor) -> Any:
+    y = torch.relu(_CONV(x))
+    return y, y.permute(0, 2, 3, 1), y.flatten(2)  # channels-last, and two views of it
+
+
+_OUTPUT_LAYOUT_CASES: dict[str, tuple[Callable[[], Callable[..., Any]], Callable[[], torch.Tensor]]] = {
+    "channels-last values and their views": (
+        lambda: _channels_last_values,
+        lambda: torch.randn(2, 3, 10, 10, generator=_G).contiguous(memory_format=torch.channels_last),
+    ),
+    "ConvNeXt block (permuted back, added)": (
+        lambda: ChannelsLastBlock().eval(),
+        lambda: torch.randn(2, 16, 6, 6, generator=_G),
+    ),
+}
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+@pytest.mark.parametrize("case", list(_OUTPUT_LAYOUT_CASES))
+def test_outputs_have_eager_s_layout(case: str, grad: bool) -> None:
+    """What a compiled graph returns is laid out as eager's (channels-last where eager's is),
+    in inference and in training's forward (where AOTAutograd regenerates the views from a
+    base ORT computed): the user's code after the graph (a ``view`` of a ``permute``, a
+    memory-format check) sees what it sees in eager. ORT returns every value contiguous."""
+    make, example = _OUTPUT_LAYOUT_CASES[case]
+    fn, x = make(), example()
+    metrics.reset()
+    torch._dynamo.reset()
+    with torch.set_grad_enabled(grad):
+        expected = fn(x)
+        actual = compile_ort(fn)(x)
+    assert_ran_on_ort()
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    actual = actual if isinstance(actual, tuple) else (actual,)
+    for got, want in zip(actual, expected, strict=True):
+        assert_close(got.detach(), want.detach())
+        assert got.stride() == want.stride(), (got.stride(), want.stride())

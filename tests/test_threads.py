@@ -140,7 +140,9 @@ def test_multi_threaded_runs_are_parked_single_threaded_ones_not() -> None:
             hot.add_(1)  # PyTorch work right before: its workers busy-wait during the call
             assert_close(f(x), expected)
         counts = assert_ran_on_ort(3)
-        assert counts["parked_runs"] == (3 if park else 0), counts
+        # a run parks the workers only when one is running: on a loaded machine a worker the
+        # OS took off its core before the call is not, and that run has nothing to park
+        assert (1 <= counts["parked_runs"] <= 3) if park else counts["parked_runs"] == 0, counts
 
     metrics.reset()
     small = torch.randn(8)

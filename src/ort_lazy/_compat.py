@@ -30,6 +30,7 @@ __all__ = [
     "finalize_ir_model",
     "graph_break_counts",
     "graph_break_of",
+    "returned_in_traced_layout",
 ]
 
 #: (major, minor) torch versions whose private exporter APIs this module was checked against.
@@ -88,6 +89,24 @@ def joint_forward_nodes(joint: torch.fx.GraphModule) -> set[torch.fx.Node]:
     nodes = list(joint.graph.nodes)
     last = max((i for i, n in enumerate(nodes) if _has_tag_is_forward(n) or _is_primal(n) or _is_fwd_seed_offset(n)), default=-1)
     return {n for n in nodes[: last + 1] if not _is_tangent(n) and n.op != "output"}
+
+
+#: AOTAutograd's output descriptors (``output.meta["desc"]``) of the values a compiled graph
+#: gives its caller in the layout eager gave them: the user's outputs, and the bases from which
+#: AOTAutograd regenerates outputs that are views of intermediates
+_LAID_OUT_AS_TRACED = ("PlainAOTOutput", "IntermediateBaseAOTOutput")
+
+
+def returned_in_traced_layout(output: torch.fx.Node) -> list[bool] | None:
+    """For each value an AOTAutograd graph's ``output`` node returns, whether its caller reads
+    it in the layout it was traced with (AOTAutograd's output descriptors, torch >= 2.9; not
+    the tensors saved for backward, input mutations, RNG offsets or tokens); None where the
+    graph carries no descriptors (graphs AOTAutograd did not make)."""
+    descs = output.meta.get("desc")
+    returned = output.args[0] if output.args else None
+    if not isinstance(descs, (list, tuple)) or not isinstance(returned, (list, tuple)) or len(descs) != len(returned):
+        return None
+    return [type(d).__name__ in _LAID_OUT_AS_TRACED for d in descs]
 
 
 def dynamo_control_exceptions() -> tuple[type[BaseException], ...]:

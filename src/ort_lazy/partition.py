@@ -19,7 +19,7 @@ import torch.fx
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from . import metrics
+from . import _compat, metrics
 from ._compat import size_hint
 from .debug.records import GraphRecord, mark, new_record
 from .export.cache import cached_export, export_for, graph_device
@@ -334,7 +334,7 @@ def compile_graph(
         else:
             for op in ops:
                 mark(record, op, Reason.EXPORT_FAILED + " / " + Reason.ORT_FAILED)
-    _torch_reads_traced_layouts(fused)
+    _keep_traced_layouts(fused, tag)
     fused.recompile()
     record.steps = _steps(fused, reasons, {r["name"]: r for r in record.regions}, tag)
     save_support_table(options.cache_dir)
@@ -377,9 +377,9 @@ _STRIDE_READERS = frozenset(
 )
 
 
-def _torch_reads_traced_layouts(gm: torch.fx.GraphModule) -> int:
-    """Make the PyTorch ops of ``gm`` that read strides (:data:`_STRIDE_READERS`) read their
-    input in the memory layout the graph was traced with.
+def _keep_traced_layouts(gm: torch.fx.GraphModule, tag: str) -> int:
+    """Make the PyTorch ops of ``gm`` that read strides (:data:`_STRIDE_READERS`), and its
+    caller, get values in the memory layout the graph was traced with.
 
     ORT returns every output contiguous where PyTorch's op made it channels-last or permuted
     (a ``permute`` back after a channels-last layer norm), and a saved tensor reaches the
@@ -388,8 +388,11 @@ def _torch_reads_traced_layouts(gm: torch.fx.GraphModule) -> int:
     after a ``permute`` of such a tensor raised where eager's succeeded. Each value that may be
     laid out otherwise than traced (such an output or placeholder, and what PyTorch ops make of
     it) goes through :func:`~ort_lazy.runtime.region.in_layout` before a stride reader reads
-    it: a check per call, a copy only when the layout differs. Returns the number of values so
-    laid out.
+    it: a check per call, a copy only when the layout differs. So do the values the graph
+    returns to the user (a channels-last model's output is channels-last, as eager's and
+    Inductor's are); not the tensors a forward graph saves for its backward one, nor a
+    backward graph's gradients (autograd lays those out as their parameters). Returns the
+    number of values so laid out.
     """
     traced: dict[torch.fx.Node, Any] = {}  # a region output's value when traced
     moved: set[torch.fx.Node] = set()  # values whose layout may differ from the traced one
@@ -421,7 +424,26 @@ def _torch_reads_traced_layouts(gm: torch.fx.GraphModule) -> int:
                 with gm.graph.inserting_before(node):
                     laid_out[value] = gm.graph.call_function(in_layout, (value, order))
             node.replace_input_with(value, laid_out[value])
-    return len(laid_out)
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    returned = output.args[0]
+    if not isinstance(returned, (tuple, list)):
+        return len(laid_out)
+    shown = _compat.returned_in_traced_layout(output) or [not tag.startswith("backward")] * len(returned)
+    given: dict[torch.fx.Node, torch.fx.Node] = {}
+    values = list(returned)
+    for i, value in enumerate(values):
+        if not shown[i] or not isinstance(value, torch.fx.Node) or value not in moved:
+            continue
+        order = dense_order(traced.get(value, value.meta.get("val")))
+        if order is None:
+            continue
+        if value not in given:
+            with gm.graph.inserting_before(output):
+                given[value] = gm.graph.call_function(in_layout, (value, order))
+        values[i] = given[value]
+    if given:
+        output.args = (type(returned)(values),) + tuple(output.args[1:])
+    return len(laid_out) + len(given)
 
 
 def _steps(

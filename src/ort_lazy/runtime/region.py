@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from .. import metrics
-from ..debug.compare import compare_outputs
+from ..debug.compare import compare_region, widened
 from ..debug.nvtx import nvtx_range
 from ..opnames import op_name
 from ..options import Options
@@ -166,13 +166,13 @@ class Region:
         return outs
 
     def compare(self, args: Sequence[Any], outs: Sequence[Any]) -> None:
-        """Run the PyTorch twin on ``args``, time it, and raise if ``outs`` differ."""
-        start = time.perf_counter()
-        expected = self.reference(args)
-        metrics.record_time(f"debug_torch:{self.name}", time.perf_counter() - start)
-        if not isinstance(expected, (tuple, list)):
-            expected = [expected]
-        compare_outputs(self.name, list(expected), list(outs), self.options.rtol, self.options.atol)
+        """Run the PyTorch twin on ``args``, time it, and raise if ``outs`` differ
+        (:func:`~ort_lazy.debug.compare.compare_region`)."""
+        compare_region(self.name, self.reference, args, outs, self.options, lambda: self.exact(args))
+
+    def exact(self, args: Sequence[Any]) -> Any:
+        """The twin's result with float inputs widened to float64: the debug run type's arbiter."""
+        return self.reference([widened(a) for a in args])
 
 
 def compute_ops(gm: torch.fx.GraphModule) -> list[str]:
@@ -385,6 +385,9 @@ class OrtRegion(Region, torch.nn.Module):
 
     def _torch(self, args: Sequence[Any]) -> Any:
         return self.torch_module(*self._twin_args(args))
+
+    def exact(self, args: Sequence[Any]) -> Any:
+        return self.torch_module(*[widened(a) for a in self._twin_args(args)])
 
 
 class TorchScriptGroup(Region):
