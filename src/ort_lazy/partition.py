@@ -396,6 +396,18 @@ def _keep_traced_layouts(gm: torch.fx.GraphModule, tag: str) -> int:
     """
     traced: dict[torch.fx.Node, Any] = {}  # a region output's value when traced
     moved: set[torch.fx.Node] = set()  # values whose layout may differ from the traced one
+
+    def lay_out(value: torch.fx.Node, before: torch.fx.Node, made: dict[torch.fx.Node, torch.fx.Node]) -> torch.fx.Node:
+        """``value`` in its traced layout (a node made once, before ``before``), or itself
+        when that layout is not dense or symbolic."""
+        order = dense_order(traced.get(value, value.meta.get("val")))
+        if order is None:
+            return value
+        if value not in made:
+            with gm.graph.inserting_before(before):
+                made[value] = gm.graph.call_function(in_layout, (value, order))
+        return made[value]
+
     laid_out: dict[torch.fx.Node, torch.fx.Node] = {}
     for node in list(gm.graph.nodes):
         if node.op == "placeholder":
@@ -417,30 +429,17 @@ def _keep_traced_layouts(gm: torch.fx.GraphModule, tag: str) -> int:
             moved.add(node)  # its layout follows its inputs'
             continue
         for value in inputs:
-            order = dense_order(traced.get(value, value.meta.get("val")))
-            if order is None:
-                continue  # symbolic or not dense: left as it is
-            if value not in laid_out:
-                with gm.graph.inserting_before(node):
-                    laid_out[value] = gm.graph.call_function(in_layout, (value, order))
-            node.replace_input_with(value, laid_out[value])
+            node.replace_input_with(value, lay_out(value, node, laid_out))
     output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     returned = output.args[0]
     if not isinstance(returned, (tuple, list)):
         return len(laid_out)
     shown = _compat.returned_in_traced_layout(output) or [not tag.startswith("backward")] * len(returned)
     given: dict[torch.fx.Node, torch.fx.Node] = {}
-    values = list(returned)
-    for i, value in enumerate(values):
-        if not shown[i] or not isinstance(value, torch.fx.Node) or value not in moved:
-            continue
-        order = dense_order(traced.get(value, value.meta.get("val")))
-        if order is None:
-            continue
-        if value not in given:
-            with gm.graph.inserting_before(output):
-                given[value] = gm.graph.call_function(in_layout, (value, order))
-        values[i] = given[value]
+    values = [
+        lay_out(v, output, given) if shown[i] and isinstance(v, torch.fx.Node) and v in moved else v
+        for i, v in enumerate(returned)
+    ]
     if given:
         output.args = (type(returned)(values),) + tuple(output.args[1:])
     return len(laid_out) + len(given)
