@@ -289,3 +289,49 @@ def test_outputs_have_eager_s_layout(case: str, grad: bool) -> None:
     for got, want in zip(actual, expected, strict=True):
         assert_close(got.detach(), want.detach())
         assert got.stride() == want.stride(), (got.stride(), want.stride())
+
+
+@pytest.mark.parametrize(
+    ("shape", "strides", "order"),
+    [
+        ((2, 3, 4, 5), (60, 1, 15, 3), (0, 2, 3, 1)),  # channels-last
+        ((2, 3), (1, 2), (1, 0)),  # transposed copy
+        ((2, 3), (3, 1), None),  # contiguous
+        ((3, 1, 4), (4, 100, 1), None),  # contiguous: a dim of size 1 has any stride
+        ((0, 3), (3, 1), None),  # empty
+        ((2, 3), (6, 1), None),  # a slice: not dense
+    ],
+)
+def test_traced_order_and_in_layout(shape: tuple[int, ...], strides: tuple[int, ...], order: Any) -> None:
+    """The layouts the pass restores: dense and not contiguous only; ``in_layout`` returns a
+    tensor already in the layout itself, else a copy in it with the same values."""
+    from ort_lazy.runtime.region import in_layout, traced_order
+
+    traced = torch.empty_strided(shape, strides)
+    assert traced_order(traced) == order
+    if order is None:
+        return
+    row_major = torch.randn(shape, generator=_G)
+    laid_out = in_layout(row_major, order)
+    assert laid_out.stride() == traced.stride() and torch.equal(laid_out, row_major)
+    assert in_layout(laid_out, order) is laid_out
+
+
+def test_dynamic_channels_last_graphs_compile_once() -> None:
+    """Symbolic values get no layout pass (reading their strides would specialize the sizes):
+    a channels-last graph compiled with dynamic shapes runs two sizes from one compile, with
+    eager's values."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    from ort_lazy.frontends.dynamo import ort_backend
+
+    counter = CompileCounterWithBackend(ort_backend)
+    compiled = torch.compile(_channels_last_values, backend=counter, dynamic=True)
+    metrics.reset()
+    torch._dynamo.reset()
+    for size in (10, 12):
+        x = torch.randn(2, 3, size, size, generator=_G).contiguous(memory_format=torch.channels_last)
+        for got, want in zip(compiled(x), _channels_last_values(x), strict=True):
+            assert_close(got.detach(), want.detach())
+    assert counter.frame_count == 1, counter.frame_count
+    assert_ran_on_ort(2)

@@ -199,9 +199,17 @@ def dense_order(val: Any) -> tuple[int, ...] | None:
 def traced_order(val: Any) -> tuple[int, ...] | None:
     """:func:`dense_order` of a value a graph was traced with in a dense layout other than the
     contiguous one (what ORT returns): None for contiguous ones."""
-    if not isinstance(val, torch.Tensor) or val.dim() < 2 or val.is_contiguous():
+    if not isinstance(val, torch.Tensor) or val.dim() < 2:
         return None
-    return dense_order(val)
+    order = dense_order(val)  # static sizes only: is_contiguous() on symbolic ones adds a guard
+    if order is None or math.prod(val.shape) == 0:
+        return None
+    expected = 1
+    for size, stride in reversed(list(zip(val.shape, val.stride()))):
+        if size != 1 and stride != expected:
+            return order
+        expected *= size
+    return None  # contiguous (a dim of size 1 may have any stride)
 
 
 def _traced_layouts(gm: torch.fx.GraphModule) -> dict[int, tuple[int, ...]]:
