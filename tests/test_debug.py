@@ -104,16 +104,32 @@ def test_debug_arbiter_runs_the_region_with_its_weights_in_float64(monkeypatch):
     seen = []
     original = compare._as_exact_as_pytorch
 
-    def spy(exact_run, expected, actual):
+    def spy(exact_run, expected, actual, rtol, atol):
         result = exact_run()
         seen.append(result[0].dtype if isinstance(result, (list, tuple)) else result.dtype)
-        return original(exact_run, expected, actual)
+        return original(exact_run, expected, actual, rtol, atol)
 
     monkeypatch.setattr(session_mod.OrtRunner, "_run", near_exact)
     monkeypatch.setattr(compare, "_as_exact_as_pytorch", spy)
     with torch.no_grad(), pytest.raises(MismatchError):
         compile_ort(layer, run_type="debug")(x)  # 1e-3 off: further than PyTorch's float32
     assert seen == [torch.float64], seen
+
+
+def test_debug_arbiter_leaves_integer_outputs_to_the_tolerance():
+    """An ill-conditioned float output does not excuse a wrong integer one beside it."""
+    from ort_lazy.debug.compare import compare_region
+    from ort_lazy.options import Options
+
+    x = torch.tensor([1e8, 1.0, -1e8])
+
+    def twin(args):
+        return [(args[0] * 2).sum(), torch.tensor([3])]
+
+    options = Options()
+    compare_region("r", twin, [x], [torch.tensor(2.0), torch.tensor([3])], options)  # the float arbitrated
+    with pytest.raises(MismatchError):  # the first difference, the float one, is reported
+        compare_region("r", twin, [x], [torch.tensor(2.0), torch.tensor([4])], options)
 
 
 def test_debug_catches_dtype_and_shape_mismatch():
