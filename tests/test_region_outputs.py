@@ -6,6 +6,10 @@ training step copied 11.6 MB per step this way). Views of at least
 :data:`ort_lazy.partition.VIEW_OUTSIDE_BYTES` read after a region are made by PyTorch instead.
 Each case checks the results against eager, that ORT ran, and the class itself: no exported
 region returns a large value through a shape op, static or symbolic (dynamic shapes).
+
+And the layout of what a region returns: ORT writes every value row-major where eager's was
+channels-last or permuted; PyTorch's ops that read strides, and the caller of a compiled graph,
+get such values in eager's layout (a copy only then).
 """
 
 from __future__ import annotations
