@@ -99,7 +99,7 @@ def test_debug_arbiter_runs_the_region_with_its_weights_in_float64(monkeypatch):
     layer.float()
 
     def near_exact(self, binding, inputs):
-        return [exact.float() + 1e-3 * exact.abs().max().float()]  # beyond the tolerance
+        return [exact.float() + 1e-2 * exact.abs().max().float()]  # beyond the tolerance
 
     seen = []
     original = compare._as_exact_as_pytorch
@@ -112,7 +112,7 @@ def test_debug_arbiter_runs_the_region_with_its_weights_in_float64(monkeypatch):
     monkeypatch.setattr(session_mod.OrtRunner, "_run", near_exact)
     monkeypatch.setattr(compare, "_as_exact_as_pytorch", spy)
     with torch.no_grad(), pytest.raises(MismatchError):
-        compile_ort(layer, run_type="debug")(x)  # 1e-3 off: further than PyTorch's float32
+        compile_ort(layer, run_type="debug")(x)  # 1e-2 off: further than PyTorch's float32
     assert seen == [torch.float64], seen
 
 
