@@ -64,14 +64,15 @@ def _cancelling(x: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize(
     ("ort_value", "accepted"),
-    [(2.0, True), (6.0, True), (11.0, False)],
-    ids=["exact", "as far as PyTorch", "further than PyTorch"],
+    [(2.0, True), (6.0, True), (11.0, True), (1000.0, False)],
+    ids=["exact", "as far as PyTorch", "within float32's rounding of 2e8", "further than float32 can tell"],
 )
 def test_debug_accepts_what_is_as_exact_as_pytorch(monkeypatch, ort_value, accepted):
     """An ill-conditioned output (a sum whose float32 result loses a term: PyTorch gives 0,
     the exact result is 2) beyond the tolerance still matches when ORT's value is about as
-    close to the twin's float64 result as PyTorch's (within 4x its error), and is reported
-    otherwise; the float64 run includes the weights a region binds itself."""
+    close to the twin's float64 result as PyTorch's (within 4x its error) or as the result
+    moves when the inputs move by float32's rounding (1e8 by 12), and is reported otherwise;
+    the float64 run includes the weights a region binds itself."""
     x = torch.tensor([1e8, 1.0, -1e8])
     assert _cancelling(x).item() == 0.0 and _cancelling(x.double()).item() == 2.0
 
@@ -114,6 +115,43 @@ def test_debug_arbiter_runs_the_region_with_its_weights_in_float64(monkeypatch):
     with torch.no_grad(), pytest.raises(MismatchError):
         compile_ort(layer, run_type="debug")(x)  # 1e-2 off: further than PyTorch's float32
     assert seen == [torch.float64], seen
+
+
+@pytest.mark.parametrize(
+    ("x1", "ort_value", "accepted"),
+    [
+        (1.0 - 2.0**-16, 2.0**16 / (1 + 1 / 256), True),
+        (1.0 - 2.0**-16, 2.0**16 * 1.5, False),
+        (0.5, 2.0 * (1 + 5e-3), False),
+    ],
+    ids=["ill-conditioned, within its sensitivity", "ill-conditioned, beyond it", "well-conditioned"],
+)
+def test_debug_arbiter_weighs_errors_by_the_output_s_sensitivity(x1, ort_value, accepted):
+    """``1 / (x0 - x1)`` of two close float32 numbers: PyTorch's subtraction is exact (so its
+    error, 0, excuses nothing), but an ORT value as if ``x0`` were rounded one step the other
+    way (1/256 off, beyond the tolerance) is as good as float32 can tell: the exact result moves
+    further (2%) when the inputs move by their rounding. Further off, or on a well-conditioned
+    difference, it is a mismatch."""
+    from ort_lazy.debug.compare import JITTER_RUNS, _sensitivity, compare_region, widened
+    from ort_lazy.options import Options
+
+    x = torch.tensor([1.0, x1])
+
+    def twin(args):
+        return [1 / (args[0][0] - args[0][1])]
+
+    assert twin([x])[0].item() == twin([x.double()])[0].item()  # PyTorch's float32 result is exact
+    exact = twin([widened(x)])
+    moved = _sensitivity(lambda jitter=None: twin([widened(x, jitter)]), exact)
+    assert JITTER_RUNS >= 1 and moved is not None
+    assert (moved[0] > 1e-2 * exact[0].item()) == (x1 != 0.5), moved  # ill-conditioned or not
+    metrics.reset()
+    if accepted:
+        compare_region("r", twin, [x], [torch.tensor(ort_value)], Options())
+        assert metrics.counters()["debug_ill_conditioned"] == 1
+    else:
+        with pytest.raises(MismatchError, match="1 of 1"):
+            compare_region("r", twin, [x], [torch.tensor(ort_value)], Options())
 
 
 def test_debug_arbiter_leaves_integer_outputs_to_the_tolerance():

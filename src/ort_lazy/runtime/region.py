@@ -168,11 +168,13 @@ class Region:
     def compare(self, args: Sequence[Any], outs: Sequence[Any]) -> None:
         """Run the PyTorch twin on ``args``, time it, and raise if ``outs`` differ
         (:func:`~ort_lazy.debug.compare.compare_region`)."""
-        compare_region(self.name, self.reference, args, outs, self.options, lambda: self.exact(args))
+        compare_region(self.name, self.reference, args, outs, self.options, lambda jitter=None: self.exact(args, jitter))
 
-    def exact(self, args: Sequence[Any]) -> Any:
-        """The twin's result with float inputs widened to float64: the debug run type's arbiter."""
-        return self.reference([widened(a) for a in args])
+    def exact(self, args: Sequence[Any], jitter: torch.Generator | None = None) -> Any:
+        """The twin's result with float inputs widened to float64 (moved by their rounding with
+        a ``jitter`` generator: :func:`~ort_lazy.debug.compare.widened`): the debug run type's
+        arbiter."""
+        return self.reference([widened(a, jitter) for a in args])
 
 
 def compute_ops(gm: torch.fx.GraphModule) -> list[str]:
@@ -394,8 +396,8 @@ class OrtRegion(Region, torch.nn.Module):
     def _torch(self, args: Sequence[Any]) -> Any:
         return self.torch_module(*self._twin_args(args))
 
-    def exact(self, args: Sequence[Any]) -> Any:
-        return self.torch_module(*[widened(a) for a in self._twin_args(args)])
+    def exact(self, args: Sequence[Any], jitter: torch.Generator | None = None) -> Any:
+        return self.torch_module(*[widened(a, jitter) for a in self._twin_args(args)])
 
 
 class TorchScriptGroup(Region):
