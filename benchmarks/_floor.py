@@ -41,6 +41,8 @@ class CapturedCall:
     name: str
     #: tensors behind the model's external initializers (shared weights), by name
     initializers: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    #: how many of the last outputs are the model's check outputs
+    checks: int = 0
 
 
 @contextlib.contextmanager
@@ -80,10 +82,13 @@ def _snapshot(runner: Any, inputs: Sequence[Any], outs: Sequence[torch.Tensor]) 
         input_names=list(runner.model.input_names),
         output_names=list(runner.model.output_names),
         inputs=bound,
-        outputs=[torch.empty_like(o, memory_format=torch.contiguous_format) for o in outs],
+        # the model's check outputs (0-d flags after the values) are bound too: ORT computes them
+        outputs=[torch.empty_like(o, memory_format=torch.contiguous_format) for o in outs]
+        + [torch.empty((), dtype=torch.bool) for _ in range(getattr(runner.model, "checks", 0))],
         session=runner.session,
         name=runner.model.name,
         initializers=dict(getattr(runner, "initializers", {}) or {}),
+        checks=getattr(runner.model, "checks", 0),
     )
 
 
@@ -144,8 +149,10 @@ class FloorRunner:
         return len(self.calls)
 
     def outputs(self) -> list[torch.Tensor]:
-        """The bound outputs of the last region (the model output when ORT runs the whole graph)."""
-        return self.calls[-1].outputs
+        """The bound outputs of the last region (the model output when ORT runs the whole graph),
+        its check outputs left out."""
+        call = self.calls[-1]
+        return call.outputs[: len(call.outputs) - call.checks]
 
     def __call__(self) -> None:
         self._call()

@@ -77,3 +77,12 @@ def _fresh_metrics():
     session_cache().clear()
     clear_shared_models()
     yield
+
+
+@pytest.fixture
+def exact_forms(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU models hold the exact forms GPU models have (max pooling's NaN rule in an ``If``)
+    instead of fast forms with check outputs: for the tests of those forms on the CPU."""
+    from ort_lazy.export import fx
+
+    monkeypatch.setattr(fx, "CHECKED_FORMS_ON_CPU", False)

@@ -103,6 +103,7 @@ def test_the_approximation_reaches_the_session() -> None:
     assert_close(fast[1:], torch.sigmoid(x[1:]), rtol=0, atol=1e-6)
 
 
+@pytest.mark.usefixtures("exact_forms")
 def test_max_pooling_without_the_nan_rule() -> None:
     """Exact: the NaN rule's ``If`` around the pooling. Fast: one ``MaxPool`` and nothing else
     of the rule (so ORT can fuse the blocked-layout convolutions around it); finite inputs give

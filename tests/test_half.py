@@ -222,6 +222,7 @@ def _pooling_cnn() -> torch.nn.Module:
     ).eval()
 
 
+@pytest.mark.usefixtures("exact_forms")
 @pytest.mark.parametrize("precision", ["fp16", "int8-dynamic"])
 def test_reduced_precision_keeps_the_values_if_branches_read(gpu_like, precision) -> None:
     """Each reduced precision rewrites the exported model; a rewrite that drops a value only an

@@ -204,6 +204,7 @@ def test_small_region_session_uses_one_thread_and_follows_torch_threads_otherwis
     assert [s.get_session_options().intra_op_num_threads for s in sessions] == [3]
 
 
+@pytest.mark.usefixtures("exact_forms")
 def test_cnn_inference_uses_batchnorm_and_index_free_max_pool() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(

@@ -53,6 +53,7 @@ _COUNTER_NAMES = (
     "disk_cache_misses",
     "disk_cache_rejected",
     "stream_handoffs",
+    "check_fallbacks",
 )
 
 _lock = threading.Lock()

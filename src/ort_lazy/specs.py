@@ -98,6 +98,10 @@ class OrtModel:
     #: with the model in the compile cache, so a warm process need not parse the model (nor
     #: import ``onnx``) to open a session for it
     facts: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: how many of the last outputs are checks: boolean flags (0-d) that, when one is set,
+    #: say this call's inputs need PyTorch (the model took a fast form that is wrong for them,
+    #: e.g. max pooling without eager's NaN rule); not among the values a runner returns
+    checks: int = 0
 
     def __post_init__(self) -> None:
         self.digest = hashlib.sha256(self.model_bytes).hexdigest()
@@ -115,6 +119,7 @@ class OrtModel:
             "outputs": [spec_to_json(s, n) for n, s in zip(self.output_names, self.output_specs)],
             "external": dict(self.external),
             "facts": dict(self.facts),
+            "checks": self.checks,
         }
 
     @classmethod
@@ -129,4 +134,5 @@ class OrtModel:
             name=name,
             external={str(k): int(v) for k, v in data.get("external", {}).items()},
             facts=dict(data.get("facts", {})),
+            checks=int(data.get("checks", 0)),
         )

@@ -16,6 +16,7 @@ from ..options import Options
 from ..runtime.disk_cache import cache_key, disk_cache
 from ..runtime.region import learn_facts
 from ..specs import OrtModel, spec_to_json
+from . import fx as _fx
 from .fx import export_graph, spec_of
 
 __all__ = ["cached_export", "clear_shared_models", "export_for", "graph_device"]
@@ -41,7 +42,7 @@ def cached_export(
 
     Entries are keyed by the graph's code, its input specs, the constants' contents (their
     dtypes and shapes only when ``shared``: the model holds no data then), the options that
-    change the model and the device type.
+    change the model, the device type and whether CPU models take checked forms.
     """
     with nvtx_range(f"ort_lazy.export:{name}", options.nvtx):
         return _cached_export(sub, name, options, constants, shared)
@@ -73,7 +74,10 @@ def _cached_export(
         frozen = {str(i): [str(t.dtype), list(t.shape)] for i, t in (constants or {}).items()}
     else:
         frozen = {str(i): _tensor_digest(t) for i, t in (constants or {}).items()}
-    key = cache_key("region", sub.code, [spec_to_json(s) for s in specs], frozen, options.key(), device.type, shared)
+    key = cache_key(
+        "region", sub.code, [spec_to_json(s) for s in specs], frozen, options.key(), device.type, shared,
+        _fx.CHECKED_FORMS_ON_CPU,
+    )
     if cache is None:  # shared: kept in this process (with a disk cache, the disk keeps it)
         with _shared_lock:
             known = _SHARED_MODELS.get(key)

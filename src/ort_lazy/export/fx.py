@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import time
@@ -17,7 +18,7 @@ from ..runtime.quirks import EXACT_SIGMOID_FACT, exact_sigmoid
 from ..specs import TORCH_TO_ONNX, OrtModel, TensorSpec
 from .cleanup import clean_up
 from .half import float32_products, narrow_to_float16
-from .pooling import nan_rule
+from .pooling import checked, nan_rule
 from .quantize import names_read, quantize_dynamic_int8
 from .reductions import leading_sums_as_matmul
 from .symbolic import typed_symbolic_scalars
@@ -72,17 +73,38 @@ def isolated_nodes_graph(nodes: Sequence[torch.fx.Node], single: bool = False) -
     return torch.fx.GraphModule(torch.nn.Module(), graph)
 
 
-def translate(gm: torch.fx.GraphModule, name: str = "region", providers: Sequence[str] | None = None) -> Any:
+#: the name prefix of a model's check outputs (:attr:`~ort_lazy.specs.OrtModel.checks`)
+CHECK_PREFIX = "ort_lazy_check_"
+#: whether models for the CPU provider take checked fast forms (:func:`translate`); off, they
+#: hold the exact forms GPU models have (the tests of those forms turn it off)
+CHECKED_FORMS_ON_CPU = True
+
+
+def translate(
+    gm: torch.fx.GraphModule, name: str = "region", providers: Sequence[str] | None = None, checks: bool = False
+) -> Any:
     """Translate ``gm`` (aten ops, placeholders with ``meta['val']``) to an ``onnx_ir`` model.
 
     With ``providers``, float16 / bfloat16 nodes those providers have no kernel for are
     computed in float32 between casts, per op (:func:`~ort_lazy.export.widen.widen_low_precision`).
+    With ``checks``, translations whose exact form would cost ORT speed on every call for a
+    rare input (max pooling's NaN rule, :func:`~ort_lazy.export.pooling.checked`) take the fast
+    form and add a boolean output named :data:`CHECK_PREFIX` ``<i>`` after the graph's own
+    outputs: set, the call's inputs need PyTorch.
     """
     gm = _prepare(gm, providers)
     scalars = _exact_double_scalars(gm)
-    model = _compat.new_ir_model(name)
     register_own_translations(_compat.onnx_registry())
-    _compat.translate_fx_graph(gm.graph, model)
+    model = _compat.new_ir_model(name)
+    with checked() if checks else contextlib.nullcontext([]) as flags:
+        _compat.translate_fx_graph(gm.graph, model)
+    if any(flag.producer() is None or flag.producer().graph is not model.graph for flag in flags):
+        model = _compat.new_ir_model(name)  # a flag inside a subgraph: the exact forms instead
+        _compat.translate_fx_graph(gm.graph, model)
+        flags = []
+    for i, flag in enumerate(flags):
+        flag.name = f"{CHECK_PREFIX}{i}"
+        model.graph.outputs.append(flag)
     if scalars:
         _bake_constants(model, scalars)
     _double_symbolic_inputs(model, gm)
@@ -468,6 +490,8 @@ def export_graph(
     ops around them) in float16 where the providers have kernels
     (:func:`~ort_lazy.export.half.narrow_to_float16`). ``fast_math`` (the option of that name)
     keeps ORT's approximate CPU ``Sigmoid`` and translates max pooling without eager's NaN rule.
+    A model for the CPU provider has check outputs (:attr:`~ort_lazy.specs.OrtModel.checks`,
+    :func:`translate`); one for a GPU none (reading a flag would wait for the GPU).
 
     Raises:
         ExportError: the translator failed (the message names the node), or ONNX shape
@@ -479,7 +503,7 @@ def export_graph(
     constants = constants or {}
     try:
         with nan_rule(not fast_math):
-            model = translate(gm, name, providers)
+            model = translate(gm, name, providers, checks=CHECKED_FORMS_ON_CPU and (providers or _CPU)[0] == _CPU[0])
         external: dict[str, int] = {}
         if constants:
             external = _bake_constants(model, constants, shared)
@@ -508,6 +532,8 @@ def export_graph(
     out_nodes = list(out_args) if isinstance(out_args, (tuple, list)) else [out_args]
     in_specs = [spec_of(p.meta.get("val")) for p in placeholders]
     out_specs = [spec_of(n.meta.get("val") if isinstance(n, torch.fx.Node) else n) for n in out_nodes]
+    checks = sum(o.name.startswith(CHECK_PREFIX) for o in proto.graph.output)
+    out_specs += [TensorSpec(torch.bool, (), torch.device("cpu"))] * checks
     values = {
         n.name: spec_of(n.meta["val"])
         for n in gm.graph.nodes
@@ -533,8 +559,9 @@ def export_graph(
         name=name,
         external=external,
         facts=facts,
+        checks=checks,
     )
-    if len(result.input_names) != len(placeholders) or len(result.output_names) != len(out_nodes):
+    if len(result.input_names) != len(placeholders) or len(result.output_names) != len(out_nodes) + checks:
         raise ExportError(
             f"{name}: ONNX model has {len(result.input_names)} inputs / {len(result.output_names)} "
             f"outputs, graph has {len(placeholders)} / {len(out_nodes)}"

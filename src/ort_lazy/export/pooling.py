@@ -21,7 +21,11 @@ infinities of both signs), plain ``MaxPool`` otherwise. The same holds for plain
 (``max_pool2d``/``3d``, what inference graphs use:
 :func:`ort_lazy.lowering.rewrites.drop_unused_indices`). The ``If`` also keeps ORT from
 fusing across the pooling in its blocked (NCHWc) layout: ResNet-18's region at 224 x 224 ran
-17.6 ms with it, 16.9 ms without (four layout reorders and two unfused Add/ReLU pairs). The
+17.6 ms with it, 16.9 ms without (four layout reorders and two unfused Add/ReLU pairs). So
+where the caller can run a call in PyTorch instead (:func:`checked`, the CPU regions of
+:func:`~ort_lazy.export.fx.export_graph`), the model has no ``If``: plain ``MaxPool``, and the
+flag "the input's sum is NaN" becomes one of its check outputs
+(:attr:`~ort_lazy.specs.OrtModel.checks`); a call that raises it runs in PyTorch. The
 ``fast_math`` option translates without the rule (:func:`nan_rule`).
 """
 
@@ -36,12 +40,30 @@ import torch
 
 from .emitter import Emitter, translation_emitter
 
-__all__ = ["TRANSLATIONS", "nan_rule"]
+__all__ = ["TRANSLATIONS", "checked", "nan_rule"]
 
 _aten = torch.ops.aten
 
 #: whether max pooling translates with eager's NaN rule (:func:`nan_rule`)
 _NAN_RULE: contextvars.ContextVar[bool] = contextvars.ContextVar("ort_lazy_max_pool_nan_rule", default=True)
+
+
+#: the flags of the translation running in :func:`checked` (None: no caller reads flags)
+_CHECKS: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar("ort_lazy_pooling_checks", default=None)
+
+
+@contextlib.contextmanager
+def checked() -> Iterator[list[Any]]:
+    """Translate float32/float64 max pooling inside the block without the ``If`` of eager's NaN
+    rule: each pooling adds its flag "the input may hold a NaN" (a boolean ``onnx_ir`` value)
+    to the list yielded, which the caller makes a model output and reads after each run,
+    running the call in PyTorch when one is set."""
+    flags: list[Any] = []
+    token = _CHECKS.set(flags)
+    try:
+        yield flags
+    finally:
+        _CHECKS.reset(token)
 
 
 @contextlib.contextmanager
@@ -87,7 +109,18 @@ def _nan_rule(
         return outputs
 
     if t in (ir.DataType.FLOAT, ir.DataType.DOUBLE):
-        outs = e.branch(e.op("IsNaN", e.op("ReduceSum", x, keepdims=0)), nan_rule, lambda _: given)
+        flags = _CHECKS.get()
+        if flags is not None and t == ir.DataType.FLOAT:
+            # the plane sums first: ORT runs GlobalAveragePool in its blocked layout, where a
+            # ReduceSum would first convert the whole input back (CNN of models.py: 0.4 of 1.3 ms)
+            may_hold_nan = e.op("IsNaN", e.op("ReduceSum", e.op("GlobalAveragePool", x), keepdims=0))
+        else:
+            may_hold_nan = e.op("IsNaN", e.op("ReduceSum", x, keepdims=0))
+        if flags is not None:  # the caller reads the flag: plain pooling here
+            may_hold_nan.dtype, may_hold_nan.shape = ir.DataType.BOOL, ir.Shape([])
+            flags.append(may_hold_nan)
+            return values, indices
+        outs = e.branch(may_hold_nan, nan_rule, lambda _: given)
     else:  # float16/bfloat16: unguarded (their widening to float32 does not reach into an If)
         outs = nan_rule(e)
     for new, old in zip(outs, given):

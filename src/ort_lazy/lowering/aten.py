@@ -268,7 +268,7 @@ def _direct_call(forward: Callable[..., Any]) -> Callable[..., Any] | None:
         # outputs must be the region's own, each once, in order
         if any(n.target is not operator.getitem or n.args[0] is not call for n in getitems):
             return None
-        if list(out) != getitems or [n.args[1] for n in getitems] != list(range(len(region.runner.model.output_names))):
+        if list(out) != getitems or [n.args[1] for n in getitems] != list(range(len(region.runner.model.output_names) - region.runner.model.checks)):
             return None
     elif getitems or list(out) != [call]:
         return None

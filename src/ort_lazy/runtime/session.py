@@ -385,6 +385,7 @@ class OrtRunner:
             (n, s, NUMPY_TYPES.get(s.dtype) if s.static else None) for n, s in zip(model.output_names, model.output_specs)
         ]
         self._dynamic_outputs = any(t is None for _, _, t in self._output_plan)
+        self._checks = model.checks
         if stream is not None and not self._dynamic_outputs:
             # Every output is a torch tensor ORT writes on the stream torch orders its work on,
             # so the run needs no wait for the GPU at its end (ORT's default), and the caller's
@@ -511,6 +512,15 @@ class OrtRunner:
                 if o is None:
                     spec = self.model.output_specs[i]
                     outputs[i] = _checked(_from_ortvalue(ort_values[i], spec.dtype), spec, dims)
+        if self._checks:
+            flags = outputs[-self._checks :]
+            del outputs[-self._checks :]
+            if any(bool(flag) for flag in flags):
+                metrics.increment("check_fallbacks")
+                raise OrtInputError(
+                    f"{self.model.name} took a fast form these inputs need the exact one of (a max pooling "
+                    "input holds a NaN, which ORT's MaxPool skips and eager passes on)"
+                )
         self._tick()
         return outputs  # type: ignore[return-value]
 
