@@ -1115,6 +1115,36 @@ def test_checked_max_pooling_runs_the_inputs_that_need_the_nan_rule_in_pytorch(n
     assert OrtModel.from_description(model.model_bytes, model.describe(), model.name).checks == 1  # the disk cache's
 
 
+def test_a_region_whose_checks_keep_failing_takes_the_exact_forms() -> None:
+    """Inputs that set the checks on every call (a pooling input holding NaN each time) would
+    run on ORT and then in PyTorch each time: after ``CHECKS_BEFORE_EXACT`` such calls the
+    region runs a model with the exact forms (the NaN rule in an ``If``) on ORT."""
+    import onnx
+
+    from helpers import captured_exports
+    from ort_lazy.runtime.region import CHECKS_BEFORE_EXACT
+
+    fn = lambda t: F.max_pool2d(t, 2) * 3  # noqa: E731
+    compiled = compile_ort(fn)
+    counters = []
+    with torch.no_grad(), captured_exports() as models:
+        for i in range(CHECKS_BEFORE_EXACT + 2):
+            x = torch.randn(2, 3, 8, 8)
+            x[i % 2, 1, 2, i] = math.nan
+            metrics.reset()
+            got, expected = compiled(x), fn(x)
+            assert torch.equal(got.isnan(), expected.isnan()) and torch.equal(got.nan_to_num(), expected.nan_to_num())
+            counters.append(metrics.counters())
+    checked = [1] * CHECKS_BEFORE_EXACT + [0, 0]
+    assert [c["check_fallbacks"] for c in counters] == checked, counters
+    assert [c["torch_runs"] for c in counters] == checked, counters
+    assert [c["ort_runs"] for c in counters] == [1 - k for k in checked], counters
+    assert [c["exact_form_switches"] for c in counters] == [0] * (CHECKS_BEFORE_EXACT - 1) + [1, 0, 0], counters
+    assert [m.checks for m in models] == [1, 0]
+    exact = onnx.load_from_string(models[1].model_bytes).graph
+    assert [n.op_type for n in exact.node if n.op_type == "If"] == ["If"]
+
+
 def test_a_region_with_check_outputs_is_still_called_directly(monkeypatch) -> None:
     """A graph that is one region is called without its FX module (the per-call fast path)
     when the region returns several outputs and, after them, its check outputs."""

@@ -54,6 +54,7 @@ _COUNTER_NAMES = (
     "disk_cache_rejected",
     "stream_handoffs",
     "check_fallbacks",
+    "exact_form_switches",
 )
 
 _lock = threading.Lock()

@@ -233,8 +233,8 @@ def _make_region(
         return None
     metrics.increment("regions_on_ort")
 
-    def export(graph: torch.fx.GraphModule, export_name: str) -> Any:
-        return export_for(graph, export_name, options, constants or None, shared, graph_device(sub))
+    def export(graph: torch.fx.GraphModule, export_name: str, checked: bool = True) -> Any:
+        return export_for(graph, export_name, options, constants or None, shared, graph_device(sub), checked)
 
     return OrtRegion(name, sub, runner, options, _tuple_output(sub), constants=constants, weights=weights, export=export)
 

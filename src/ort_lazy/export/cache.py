@@ -126,12 +126,13 @@ def export_for(
     constants: dict[int, torch.Tensor] | None,
     shared: bool,
     device: torch.device,
+    checked: bool = True,
 ) -> OrtModel:
     """:func:`export_graph` with what ``options`` say about the model: the providers for
-    ``device``, ``precision`` and ``fast_math`` (no cache)."""
+    ``device``, ``precision`` and ``fast_math`` (no cache); ``checked``: see there."""
     return export_graph(
         sub, name, constants, options.resolve_providers(device), shared=shared, precision=options.precision,
-        fast_math=options.fast_math,
+        fast_math=options.fast_math, checked=checked,
     )
 
 

@@ -477,6 +477,7 @@ def export_graph(
     shared: bool = False,
     precision: str = "fp32",
     fast_math: bool = False,
+    checked: bool = True,
 ) -> OrtModel:
     """Translate ``gm`` and package it with its torch-side input/output specs.
 
@@ -491,7 +492,8 @@ def export_graph(
     (:func:`~ort_lazy.export.half.narrow_to_float16`). ``fast_math`` (the option of that name)
     keeps ORT's approximate CPU ``Sigmoid`` and translates max pooling without eager's NaN rule.
     A model for the CPU provider has check outputs (:attr:`~ort_lazy.specs.OrtModel.checks`,
-    :func:`translate`); one for a GPU none (reading a flag would wait for the GPU).
+    :func:`translate`) unless ``checked`` is False; one for a GPU none (reading a flag would
+    wait for the GPU).
 
     Raises:
         ExportError: the translator failed (the message names the node), or ONNX shape
@@ -503,7 +505,8 @@ def export_graph(
     constants = constants or {}
     try:
         with nan_rule(not fast_math):
-            model = translate(gm, name, providers, checks=CHECKED_FORMS_ON_CPU and (providers or _CPU)[0] == _CPU[0])
+            cpu = (providers or _CPU)[0] == _CPU[0]
+            model = translate(gm, name, providers, checks=checked and CHECKED_FORMS_ON_CPU and cpu)
         external: dict[str, int] = {}
         if constants:
             external = _bake_constants(model, constants, shared)

@@ -25,7 +25,8 @@ fusing across the pooling in its blocked (NCHWc) layout: ResNet-18's region at 2
 where the caller can run a call in PyTorch instead (:func:`checked`, the CPU regions of
 :func:`~ort_lazy.export.fx.export_graph`), the model has no ``If``: plain ``MaxPool``, and the
 flag "the input's sum is NaN" becomes one of its check outputs
-(:attr:`~ort_lazy.specs.OrtModel.checks`); a call that raises it runs in PyTorch. The
+(:attr:`~ort_lazy.specs.OrtModel.checks`); a call that raises it runs in PyTorch, and a
+region whose calls keep raising it takes the ``If`` form (``OrtRegion._take_exact_forms``). The
 ``fast_math`` option translates without the rule (:func:`nan_rule`).
 """
 

@@ -32,7 +32,7 @@ from ..options import Options
 from ..reasons import Reason
 from ..specs import OrtModel
 from .quirks import model_vector_matmul
-from .session import ORT_DEVICES, OrtInputError, OrtRunError, OrtRunner
+from .session import ORT_DEVICES, OrtCheckError, OrtInputError, OrtRunError, OrtRunner
 from .threads import model_flops, region_plan
 
 __all__ = ["Region", "OrtRegion", "TorchScriptGroup", "open_runner", "ops_text", "report_fallback", "dump", "compute_ops", "dense_order", "in_layout", "traced_order"]
@@ -177,6 +177,11 @@ class Region:
         return self.reference([widened(a, jitter) for a in args])
 
 
+#: calls of a region whose inputs set its model's checks before it takes the exact forms (each
+#: such call runs on ORT, then in PyTorch)
+CHECKS_BEFORE_EXACT = 3
+
+
 def compute_ops(gm: torch.fx.GraphModule) -> list[str]:
     """The names of ``gm``'s compute ops (getitem plumbing left out)."""
     return [op_name(n.target) for n in gm.graph.nodes if n.op == "call_function" and n.target is not operator.getitem]
@@ -258,7 +263,7 @@ class OrtRegion(Region, torch.nn.Module):
         *,
         constants: dict[int, torch.Tensor] | None = None,
         weights: str = "snapshot",
-        export: Callable[[torch.fx.GraphModule, str], OrtModel] | None = None,
+        export: Callable[..., OrtModel] | None = None,
     ) -> None:
         torch.nn.Module.__init__(self)
         Region.__init__(self, name, options, compute_ops(torch_module), self._torch)
@@ -272,6 +277,10 @@ class OrtRegion(Region, torch.nn.Module):
         self.tuple_output = tuple_output
         self.record: Any = None
         self._export = export
+        #: calls whose inputs set a check output of the model; at :data:`CHECKS_BEFORE_EXACT`
+        #: the region takes the exact forms (:meth:`_take_exact_forms`)
+        self._checks_set = 0
+        self._checked = True
         self._autotune_pending = options.autotune and options.run_type == "ort"
         symbolic = any(not s.static for s in runner.model.input_specs)
         self._per_shape: collections.OrderedDict[Any, OrtRunner | None] | None = (
@@ -290,7 +299,7 @@ class OrtRegion(Region, torch.nn.Module):
             self._per_shape.clear()
         old = self.runner
         try:
-            model = old.model if self.weights == "shared" else self._export(self.torch_module, self.name)
+            model = old.model if self.weights == "shared" else self._export(self.torch_module, self.name, self._checked)
             self.runner = open_runner(model, self.options, old.device, spinning=old.spinning, weights=self.constants)
         except Exception as e:  # the region runs in PyTorch from now on: never a stale result
             self.fall_back("ort_failures", Reason.ORT_FAILED, e, "cannot refresh the weights of")
@@ -312,8 +321,12 @@ class OrtRegion(Region, torch.nn.Module):
         lasting = True
         try:
             outs = self.run_ort(runner, args)
-        except OrtInputError:  # only these inputs: this call runs in PyTorch (outside the handler)
+        except OrtInputError as e:  # only these inputs: this call runs in PyTorch (outside the handler)
             outs, lasting = None, False
+            if isinstance(e, OrtCheckError):
+                self._checks_set += 1
+                if self._checks_set >= CHECKS_BEFORE_EXACT:
+                    self._take_exact_forms()
         if outs is None:
             if lasting:
                 self.runner = None
@@ -321,6 +334,29 @@ class OrtRegion(Region, torch.nn.Module):
                 metrics.increment("torch_runs")
             return self._torch(args)
         return tuple(outs) if self.tuple_output else outs[0]
+
+    def _take_exact_forms(self) -> None:
+        """The model's checks were set on :data:`CHECKS_BEFORE_EXACT` calls: from now on the
+        region runs a model with the exact forms (max pooling's NaN rule in an ``If``), so such
+        inputs run on ORT instead of on ORT and then in PyTorch."""
+        if self._export is None or self.runner is None or not self._checked:
+            return
+        self._checked = False
+        old = self.runner
+        if self._per_shape is not None:
+            self._per_shape.clear()
+        try:
+            model = self._export(self.torch_module, self.name, False)
+            self.runner = open_runner(model, self.options, old.device, spinning=old.spinning, weights=self.constants)
+        except Exception as e:  # the checked model stays: correct, only slower on such inputs
+            metrics.warn_once(f"exact:{self.name}:{e}", "ort-lazy: %s keeps its checked model: %s", self.name, e)
+            return
+        metrics.increment("exact_form_switches")
+        metrics.warn_once(
+            f"exact:{self.name}",
+            "ort-lazy: the inputs of %s set its checks %d times; it now runs the exact forms on ORT",
+            self.name, self._checks_set,
+        )
 
     def _shape_runner(self, args: tuple[Any, ...]) -> OrtRunner | None:
         """The runner of a model exported for exactly these input shapes (bounded LRU)."""
@@ -334,7 +370,7 @@ class OrtRegion(Region, torch.nn.Module):
             from torch.fx.experimental.proxy_tensor import make_fx
 
             concrete = make_fx(self.torch_module, tracing_mode="fake")(*self._full_args(args))
-            model = self._export(concrete, f"{self.name}_{len(self._per_shape)}")
+            model = self._export(concrete, f"{self.name}_{len(self._per_shape)}", self._checked)
             runner = open_runner(model, self.options, self.runner.device, spinning=self.runner.spinning, weights=self.constants)
         except Exception as e:  # this shape runs in PyTorch; others may still run on ORT
             metrics.increment("export_failures")

@@ -71,6 +71,12 @@ class OrtInputError(OrtRunError):
     lasting = False
 
 
+class OrtCheckError(OrtInputError):
+    """A check output of the model (:attr:`~ort_lazy.specs.OrtModel.checks`) is set: these
+    inputs need the exact form of an op the model took a fast form of; the call runs in
+    PyTorch."""
+
+
 class SessionCache:
     """A bounded LRU of ORT sessions, safe to use from many threads.
 
@@ -517,7 +523,7 @@ class OrtRunner:
             del outputs[-self._checks :]
             if any(bool(flag) for flag in flags):
                 metrics.increment("check_fallbacks")
-                raise OrtInputError(
+                raise OrtCheckError(
                     f"{self.model.name} took a fast form these inputs need the exact one of (a max pooling "
                     "input holds a NaN, which ORT's MaxPool skips and eager passes on)"
                 )
