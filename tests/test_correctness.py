@@ -1115,6 +1115,38 @@ def test_checked_max_pooling_runs_the_inputs_that_need_the_nan_rule_in_pytorch(n
     assert OrtModel.from_description(model.model_bytes, model.describe(), model.name).checks == 1  # the disk cache's
 
 
+def test_checked_pooling_in_training_runs_the_flagged_forward_in_pytorch() -> None:
+    """A training step whose forward region's check is set (a NaN reaches the pooling, kept on
+    ORT with its indices) runs that forward in PyTorch, and the backward region reads what the
+    PyTorch forward saved: outputs and gradients as eager's, NaN where eager's are, step by step."""
+    import torch.nn as nn
+
+    def make() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(8 * 7 * 7, 4))
+
+    model, reference = make(), make()
+    compiled = compile_ort(model, **_ON_ORT)
+    g = torch.Generator().manual_seed(3)
+    for step in range(4):
+        x = torch.randn(2, 3, 16, 16, generator=g)
+        if step in (1, 2):
+            x[0, 0, 3, 3] = math.nan
+        metrics.reset()
+        got, expected = compiled(x), reference(x)
+        assert torch.equal(got.isnan(), expected.isnan()) and bool(got.isnan().any()) == (step in (1, 2))
+        assert torch.allclose(got.nan_to_num(), expected.nan_to_num(), atol=1e-5)
+        got.nan_to_num(0.0).sum().backward()
+        expected.nan_to_num(0.0).sum().backward()
+        for a, b in zip(model.parameters(), reference.parameters()):
+            assert torch.equal(a.grad.isnan(), b.grad.isnan())
+            assert torch.allclose(a.grad.nan_to_num(), b.grad.nan_to_num(), atol=1e-4)
+            a.grad = b.grad = None
+        c = metrics.counters()
+        flagged = step in (1, 2)
+        assert (c["check_fallbacks"], c["torch_runs"], c["ort_runs"]) == ((1, 1, 1) if flagged else (0, 0, 2)), c
+
+
 def test_a_region_whose_checks_keep_failing_takes_the_exact_forms() -> None:
     """Inputs that set the checks on every call (a pooling input holding NaN each time) would
     run on ORT and then in PyTorch each time: after ``CHECKS_BEFORE_EXACT`` such calls the
