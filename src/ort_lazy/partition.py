@@ -435,14 +435,14 @@ def _keep_traced_layouts(gm: torch.fx.GraphModule, tag: str) -> int:
     if not isinstance(returned, (tuple, list)):
         return len(laid_out)
     shown = _compat.returned_in_traced_layout(output) or [not tag.startswith("backward")] * len(returned)
-    given: dict[torch.fx.Node, torch.fx.Node] = {}
+    # a value a stride reader already reads laid out is returned through the same node
     values = [
-        lay_out(v, output, given) if shown[i] and isinstance(v, torch.fx.Node) and v in moved else v
+        lay_out(v, output, laid_out) if shown[i] and isinstance(v, torch.fx.Node) and v in moved else v
         for i, v in enumerate(returned)
     ]
-    if given:
+    if any(a is not b for a, b in zip(values, returned)):
         output.args = (type(returned)(values),) + tuple(output.args[1:])
-    return len(laid_out) + len(given)
+    return len(laid_out)
 
 
 def _steps(

@@ -300,7 +300,7 @@ class OrtRegion(Region, torch.nn.Module):
         old = self.runner
         try:
             model = old.model if self.weights == "shared" else self._export(self.torch_module, self.name, self._checked)
-            self.runner = open_runner(model, self.options, old.device, spinning=old.spinning, weights=self.constants)
+            self.runner = self._reopened(model, old)
         except Exception as e:  # the region runs in PyTorch from now on: never a stale result
             self.fall_back("ort_failures", Reason.ORT_FAILED, e, "cannot refresh the weights of")
             self.runner = None
@@ -335,6 +335,11 @@ class OrtRegion(Region, torch.nn.Module):
             return self._torch(args)
         return tuple(outs) if self.tuple_output else outs[0]
 
+    def _reopened(self, model: OrtModel, like: OrtRunner) -> OrtRunner:
+        """A runner for another model of this region (refreshed weights, exact forms, one
+        input shape): ``like``'s device and spinning, the region's bound weights."""
+        return open_runner(model, self.options, like.device, spinning=like.spinning, weights=self.constants)
+
     def _take_exact_forms(self) -> None:
         """The model's checks were set on :data:`CHECKS_BEFORE_EXACT` calls: from now on the
         region runs a model with the exact forms (max pooling's NaN rule in an ``If``), so such
@@ -347,7 +352,7 @@ class OrtRegion(Region, torch.nn.Module):
             self._per_shape.clear()
         try:
             model = self._export(self.torch_module, self.name, False)
-            self.runner = open_runner(model, self.options, old.device, spinning=old.spinning, weights=self.constants)
+            self.runner = self._reopened(model, old)
         except Exception as e:  # the checked model stays: correct, only slower on such inputs
             metrics.warn_once(f"exact:{self.name}:{e}", "ort-lazy: %s keeps its checked model: %s", self.name, e)
             return
@@ -371,7 +376,7 @@ class OrtRegion(Region, torch.nn.Module):
 
             concrete = make_fx(self.torch_module, tracing_mode="fake")(*self._full_args(args))
             model = self._export(concrete, f"{self.name}_{len(self._per_shape)}", self._checked)
-            runner = open_runner(model, self.options, self.runner.device, spinning=self.runner.spinning, weights=self.constants)
+            runner = self._reopened(model, self.runner)
         except Exception as e:  # this shape runs in PyTorch; others may still run on ORT
             metrics.increment("export_failures")
             metrics.warn_once(f"shape:{self.name}:{e}", "ort-lazy: %s for shapes %s runs in PyTorch: %s", self.name, key, e)
