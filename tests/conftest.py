@@ -80,6 +80,15 @@ def _fresh_metrics():
 
 
 @pytest.fixture
+def decomposed_attention(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU inference graphs decompose attention (matrix products and the guarded softmax)
+    instead of keeping it whole for ONNX's ``Attention``: for the tests of the decomposed form."""
+    from ort_lazy.export import attention
+
+    monkeypatch.setattr(attention, "FUSED_ON_CPU", False)
+
+
+@pytest.fixture
 def exact_forms(monkeypatch: pytest.MonkeyPatch) -> None:
     """CPU models hold the exact forms GPU models have (max pooling's NaN rule in an ``If``)
     instead of fast forms with check outputs: for the tests of those forms on the CPU."""

@@ -1269,6 +1269,7 @@ def test_safe_softmax_with_dtype_and_of_a_scalar() -> None:
     assert metrics.counters()["fallback_ops"] == 0, metrics.fallbacks()
 
 
+@pytest.mark.usefixtures("decomposed_attention")
 def test_attention_softmax_is_one_softmax_unless_a_row_is_masked() -> None:
     import onnx
 

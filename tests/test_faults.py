@@ -94,14 +94,26 @@ def test_wrong_shaped_output_is_caught(monkeypatch):
     assert metrics.counters()["ort_failures"] == 1
 
 
-def test_wrong_translation_caught_by_inferred_shapes():
-    """torchlib's flash-attention logsumexp has the wrong shape; the export check refuses it."""
+def test_wrong_translation_caught_by_inferred_shapes(monkeypatch):
+    """torchlib's flash-attention logsumexp has the wrong shape (ort-lazy translates the op
+    itself); put back in its place, the export check refuses it."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
+    from ort_lazy import _compat
     from ort_lazy.export.fx import export_graph
 
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    registry = _compat.onnx_registry()
+    own = registry.get_decomps
+
+    def library_first(op, *args, **kwargs):
+        decomps = own(op, *args, **kwargs)
+        return [d for d in decomps if not d.is_custom] if op is flash else decomps
+
+    monkeypatch.setattr(registry, "get_decomps", library_first)
+
     def attn(q, k, v):
-        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(q, k, v)
+        return flash(q, k, v)
 
     q = torch.randn(2, 4, 16, 8)
     gm = make_fx(attn, tracing_mode="fake")(q, q, q)

@@ -55,6 +55,7 @@ _COUNTER_NAMES = (
     "stream_handoffs",
     "check_fallbacks",
     "exact_form_switches",
+    "fused_attention",
 )
 
 _lock = threading.Lock()

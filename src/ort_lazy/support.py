@@ -23,6 +23,7 @@ import torch
 import torch.fx
 
 from . import _compat
+from .export.attention import not_fusable
 from .export.strided import layout_problem
 from .opnames import lookup, named_in, op_name
 from .options import Options
@@ -82,8 +83,6 @@ def _distrusted() -> dict[Any, str]:
         aten._native_batch_norm_legit_functional.default: "training batch norm translation is wrong",
         aten._native_batch_norm_legit.default: "training batch norm translation is wrong",
         aten.native_batch_norm.default: "training batch norm translation is wrong",
-        # torchlib returns a wrongly shaped logsumexp, which training graphs save for backward.
-        aten._scaled_dot_product_flash_attention_for_cpu.default: "auxiliary logsumexp output is wrong",
         # torchlib fakes total_weight = 1: mean-reduced gradients come out batch-size times too
         # large while the loss is right (torch's decomposition computes it)
         aten.nll_loss_forward.default: "total_weight output is always 1",
@@ -110,6 +109,14 @@ def _when(name: str, wrong: Callable[[Any], bool], reason: str) -> Callable[[dic
 
 def _low_precision(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.dtype in (torch.float16, torch.bfloat16)
+
+
+def _attention(arguments: dict[str, Any]) -> str | None:
+    why = not_fusable(
+        arguments.get("query"), arguments.get("key"), arguments.get("value"),
+        arguments.get("dropout_p") or 0.0, bool(arguments.get("is_causal")), arguments.get("attn_mask"),
+    )
+    return None if why is None else f"attention translated for float32 without dropout only ({why})"
 
 
 def _integral(value: Any) -> bool:
@@ -211,6 +218,9 @@ def _distrusted_when() -> dict[Any, Callable[[dict[str, Any]], str | None]]:
         aten.grid_sampler_2d.default: _when("input", _low_precision, "float16/bfloat16 interpolation differs from eager"),
         # addressing memory: right only where the input's row-major order is its storage order
         aten.as_strided.default: layout_problem,
+        # ort-lazy's translation (ONNX Attention) covers what the lowering keeps whole; the
+        # library's returns a wrongly shaped logsumexp
+        aten._scaled_dot_product_flash_attention_for_cpu.default: _attention,
         aten.as_strided_scatter.default: functools.partial(layout_problem, scatter=True),
         torch.ops.prims.as_strided_scatter.default: functools.partial(layout_problem, scatter=True),
     }

@@ -16,6 +16,7 @@ import torch.fx
 from .. import _compat, metrics
 from ..runtime.quirks import EXACT_SIGMOID_FACT, exact_sigmoid
 from ..specs import TORCH_TO_ONNX, OrtModel, TensorSpec
+from . import attention
 from .cleanup import clean_up
 from .half import float32_products, narrow_to_float16
 from .pooling import checked, nan_rule
@@ -95,13 +96,7 @@ def translate(
     gm = _prepare(gm, providers)
     scalars = _exact_double_scalars(gm)
     register_own_translations(_compat.onnx_registry())
-    model = _compat.new_ir_model(name)
-    with checked() if checks else contextlib.nullcontext([]) as flags:
-        _compat.translate_fx_graph(gm.graph, model)
-    if any(flag.producer() is None or flag.producer().graph is not model.graph for flag in flags):
-        model = _compat.new_ir_model(name)  # a flag inside a subgraph: the exact forms instead
-        _compat.translate_fx_graph(gm.graph, model)
-        flags = []
+    model, flags = _translated(gm, name, providers, checks, fused_attention=True)
     for i, flag in enumerate(flags):
         flag.name = f"{CHECK_PREFIX}{i}"
         model.graph.outputs.append(flag)
@@ -116,6 +111,26 @@ def translate(
     if providers is not None:
         model = widen_low_precision(model, providers)
     return model
+
+
+def _translated(
+    gm: torch.fx.GraphModule, name: str, providers: Sequence[str] | None, checks: bool, fused_attention: bool
+) -> tuple[Any, list[Any]]:
+    """``gm`` translated into a new ``onnx_ir`` model, with the check flags its translations
+    made (:func:`translate`); attention as ONNX's ``Attention`` where the model can take it
+    (:func:`~ort_lazy.export.attention.settle`), else decomposed."""
+    model = _compat.new_ir_model(name)
+    with checked() if checks else contextlib.nullcontext([]) as flags, attention.fused(fused_attention):
+        _compat.translate_fx_graph(gm.graph, model)
+    if any(flag.producer() is None or flag.producer().graph is not model.graph for flag in flags):
+        model = _compat.new_ir_model(name)  # a flag inside a subgraph: the exact forms instead
+        with attention.fused(fused_attention):
+            _compat.translate_fx_graph(gm.graph, model)
+        flags = []
+    _compat.finalize_ir_model(model)
+    if fused_attention and not attention.settle(model, providers):
+        return _translated(gm, name, providers, checks, fused_attention=False)
+    return model, flags
 
 
 _aten = torch.ops.aten
@@ -507,6 +522,9 @@ def export_graph(
         with nan_rule(not fast_math):
             cpu = (providers or _CPU)[0] == _CPU[0]
             model = translate(gm, name, providers, checks=checked and CHECKED_FORMS_ON_CPU and cpu)
+        fused = sum(1 for node in model.graph.all_nodes() if node.op_type == "Attention" and node.domain == "")
+        if fused:
+            metrics.increment("fused_attention", fused)
         external: dict[str, int] = {}
         if constants:
             external = _bake_constants(model, constants, shared)

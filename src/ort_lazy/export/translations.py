@@ -6,7 +6,8 @@ onnxscript-style function run by the exporter's translator): orthogonal polynomi
 guard for rows of only ``-inf`` runs when such a row is there (:mod:`.selects`), max pooling
 with PyTorch's indices from one ``MaxPool`` and eager's NaN rule (:mod:`.pooling`),
 ``as_strided_scatter`` as a ``ScatterND`` at the addressed positions (:mod:`.strided`), the
-float32 tanh GELU as ORT's fused kernel (:mod:`.activations`).
+float32 tanh GELU as ORT's fused kernel (:mod:`.activations`), float32 attention as ONNX's
+``Attention`` (:mod:`.attention`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import torch
 
 from .. import _compat
-from . import activations, polynomials, pooling, selects, strided
+from . import activations, attention, polynomials, pooling, selects, strided
 
 __all__ = ["OWN_TRANSLATIONS", "register_own_translations"]
 
@@ -28,6 +29,7 @@ OWN_TRANSLATIONS: dict[torch._ops.OpOverload, Callable[..., Any]] = {
     **pooling.TRANSLATIONS,
     **strided.TRANSLATIONS,
     **activations.TRANSLATIONS,
+    **attention.TRANSLATIONS,
 }
 
 

@@ -11,7 +11,8 @@ The table, for ops the exporter does not translate whole (or translates wrongly)
 1. torch's core ATen decompositions (``torch.export.default_decompositions()``) and the rest of
    torch's table, without ``out=``/in-place overloads (graphs here are functional) and
    without :data:`EXCLUDED` (each with its reason);
-2. decompositions of :data:`ort_lazy.support.DISTRUSTED` ops;
+2. decompositions of :data:`ort_lazy.support.DISTRUSTED` ops, and of CPU attention
+   (``_scaled_dot_product_flash_attention_for_cpu``) except where ORT runs it whole;
 3. ort-lazy's own rewrites into ops ORT runs fast (:data:`ort_lazy.lowering.rewrites.DECOMPOSITIONS`),
    and the fused multiply-add dynamo writes for ``addcmul_``/``addcdiv_`` with a value (every
    optimizer step) as a product and a sum.
@@ -27,6 +28,7 @@ from typing import Any
 import torch
 
 from .. import _compat
+from ..export import attention
 from ..opnames import named_in
 from ..support import DISTRUSTED, registered_ops
 from .rewrites import DECOMPOSITIONS, fma
@@ -64,6 +66,29 @@ def _functional(op: Any) -> bool:
     return hasattr(op, "_schema") and not op._schema.is_mutable
 
 
+_FLASH = _aten._scaled_dot_product_flash_attention_for_cpu.default
+
+
+def _attention_or_decomposed(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    *,
+    attn_mask: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> Any:
+    """CPU attention kept whole where ORT runs it as one ``Attention``
+    (:mod:`ort_lazy.export.attention`), else torch's decomposition (``NotImplemented`` keeps
+    the op in the traced graph)."""
+    if attention.FUSED_ON_CPU and attention.not_fusable(query, key, value, dropout_p, is_causal, attn_mask) is None:
+        return NotImplemented
+    return torch._decomp.decomposition_table[_FLASH](
+        query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale
+    )
+
+
 @functools.lru_cache(maxsize=8)
 def decomposition_table(cache_dir: str | None = None, kept: frozenset[str] = frozenset()) -> dict[Any, Any]:
     """The decompositions for AOTAutograd (see the module docstring).
@@ -88,6 +113,7 @@ def decomposition_table(cache_dir: str | None = None, kept: frozenset[str] = fro
             table[op] = full[op]
     table.update(SPECIAL_DECOMPOSITIONS)
     table.update(DECOMPOSITIONS)
+    table[_FLASH] = _attention_or_decomposed
     if fused is not None:
         table[fused] = fma
     for op in [op for op in table if named_in(op, kept)]:
