@@ -216,11 +216,11 @@ def _distrusted_when() -> dict[Any, Callable[[dict[str, Any]], str | None]]:
         aten.scatter_reduce.two: _when("reduce", lambda v: v == "mean", "reduce='mean' translation is wrong"),
         # ORT's GridSample interpolates differently in float16 / bfloat16 (2e-2 / 0.16 off eager)
         aten.grid_sampler_2d.default: _when("input", _low_precision, "float16/bfloat16 interpolation differs from eager"),
-        # addressing memory: right only where the input's row-major order is its storage order
-        aten.as_strided.default: layout_problem,
         # ort-lazy's translation (ONNX Attention) covers what the lowering keeps whole; the
         # library's returns a wrongly shaped logsumexp
         aten._scaled_dot_product_flash_attention_for_cpu.default: _attention,
+        # addressing memory: right only where the input's row-major order is its storage order
+        aten.as_strided.default: layout_problem,
         aten.as_strided_scatter.default: functools.partial(layout_problem, scatter=True),
         torch.ops.prims.as_strided_scatter.default: functools.partial(layout_problem, scatter=True),
     }
