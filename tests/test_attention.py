@@ -180,3 +180,28 @@ def test_training_attention_is_decomposed(monkeypatch) -> None:
     loss(want).backward()
     assert_close(q.grad, want.grad, rtol=1e-5, atol=1e-6)
     assert metrics.counters()["fused_attention"] == 0 and metrics.counters()["ort_runs"] >= 2
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+def test_hugging_face_attention_with_padding_masks_is_eager_s(family: str) -> None:
+    """A Hugging Face encoder and decoder (random weights from configs) with right and left
+    padding: their SDPA masks (key padding, and causal with padded queries that see no key)
+    run as ONNX's ``Attention`` with eager's values."""
+    from transformers import BertConfig, BertModel, GPT2Config, GPT2Model
+
+    torch.manual_seed(0)
+    if family == "bert":
+        config = BertConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
+        model = BertModel(config, add_pooling_layer=False).eval()
+    else:
+        model = GPT2Model(GPT2Config(vocab_size=100, n_embd=64, n_layer=2, n_head=4)).eval()
+    ids = torch.randint(0, 100, (3, 12))
+    mask = torch.ones(3, 12, dtype=torch.long)
+    mask[0, 8:] = 0  # right padding
+    mask[2, :4] = 0  # left padding
+    with torch.no_grad():
+        want = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        got = compile_ort(model)(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert_close(got, want, rtol=1e-5, atol=1e-6)
+    c = metrics.counters()
+    assert c["fused_attention"] == 2 and c["ort_runs"] >= 1 and c["fallback_ops"] == 0, (c, metrics.fallbacks())
