@@ -113,6 +113,11 @@ def _projection_layout(e: Emitter, x: Any, width: int) -> Any:
     return out
 
 
+def _length(e: Emitter, x: Any) -> Any:
+    """The sequence length (axis 2) of ``[batch, heads, sequence, size]`` ``x``, shape [1]."""
+    return e.op("Shape", x, start=2, end=3)
+
+
 def _mask_rows(e: Emitter, mask: Any, query: Any) -> Any:
     """``mask`` with as many rows as ``query`` has positions (ORT's kernel does not broadcast
     the mask over them)."""
@@ -120,8 +125,7 @@ def _mask_rows(e: Emitter, mask: Any, query: Any) -> Any:
     length = list(query.shape)[2] if query.shape is not None else None
     if dims is not None and len(dims) >= 2 and isinstance(length, int) and dims[-2] == length:
         return mask
-    rows = e.op("Slice", e.op("Shape", query), e.op("Constant", value_ints=[2]), e.op("Constant", value_ints=[3]))
-    shape = e.op("Concat", e.op("Constant", value_ints=[1, 1]), rows, e.op("Constant", value_ints=[1]), axis=0)
+    shape = e.op("Concat", e.op("Constant", value_ints=[1, 1]), _length(e, query), e.op("Constant", value_ints=[1]), axis=0)
     out = e.op("Expand", mask, shape)
     out.dtype = mask.dtype
     return out
@@ -136,9 +140,8 @@ def _scores(e: Emitter, query: Any, key: Any, scale: float, is_causal: bool, att
     if attn_mask is not None:
         scores = e.op("Add", scores, attn_mask)
     if is_causal:
-        q_len = e.op("Slice", e.op("Shape", query), e.op("Constant", value_ints=[2]), e.op("Constant", value_ints=[3]))
-        k_len = e.op("Slice", e.op("Shape", key), e.op("Constant", value_ints=[2]), e.op("Constant", value_ints=[3]))
-        ones = e.op("ConstantOfShape", e.op("Concat", q_len, k_len, axis=0), value=ir.tensor([1], dtype=ir.DataType.BOOL))
+        lengths = e.op("Concat", _length(e, query), _length(e, key), axis=0)
+        ones = e.op("ConstantOfShape", lengths, value=ir.tensor([1], dtype=ir.DataType.BOOL))
         allowed = e.op("Trilu", ones, upper=0)
         scores = e.op("Where", allowed, scores, e.const(-math.inf, t))
     scores.dtype = t
@@ -172,6 +175,8 @@ def flash_attention_for_cpu(
         raise ValueError("attention needs static head counts and head sizes")
     t = query.dtype
     factor = float(scale) if scale is not None else 1.0 / math.sqrt(size)
+    # the softmax's input: the decomposed form's, and the log-sum-exp's in either form
+    scores = _scores(e, query, key, factor, is_causal, attn_mask)
     if _FUSED.get():
         inputs = [_projection_layout(e, x, heads * size) for x in (query, key, value)]
         if attn_mask is not None:
@@ -184,12 +189,11 @@ def flash_attention_for_cpu(
         split = e.op("Reshape", fused_out, e.op("Constant", value_ints=[0, 0, heads, size]))
         out = e.op("Transpose", split, perm=[0, 2, 1, 3])
     else:
-        probabilities = safe_softmax(_scores(e, query, key, factor, is_causal, attn_mask), -1)
-        out = e.op("MatMul", probabilities, value)
+        out = e.op("MatMul", safe_softmax(scores, -1), value)
     out.dtype, out.shape = t, query.shape
     # the log-sum-exp output (read only by code calling this op itself: dead in graphs of
     # scaled_dot_product_attention, and removed with its nodes)
-    lse = e.op("ReduceLogSumExp", _scores(e, query, key, factor, is_causal, attn_mask), e.op("Constant", value_ints=[-1]), keepdims=0)
+    lse = e.op("ReduceLogSumExp", scores, e.op("Constant", value_ints=[-1]), keepdims=0)
     lse = e.op("Where", e.op("Equal", lse, e.const(-math.inf, t)), e.const(0.0, t), lse)
     lse.dtype = t
     if query.shape is not None:

@@ -161,9 +161,7 @@ def _translation(dims: int, with_indices: bool) -> Callable[..., Any]:
         floats = (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
         rule = self.dtype in floats and _NAN_RULE.get()  # eager's NaN rule applies
         if with_indices or rule:
-            spatial = e.op(
-                "Slice", e.op("Shape", x), e.op("Constant", value_ints=[2]), e.op("Constant", value_ints=[2 + dims])
-            )
+            spatial = e.op("Shape", x, start=2, end=2 + dims)
             plane = e.op("ReduceProd", spatial, keepdims=1)  # elements per plane, shape [1]
         indices = None
         if with_indices:
