@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import assert_close, captured_exports, compile_ort
+from helpers import assert_close, captured_exports, compile_ort, take_sessions
 from ort_lazy import metrics
 from ort_lazy.export.selects import LARGE_SELECT, SMALL_SELECT
 from ort_lazy.reasons import Reason
@@ -1158,6 +1158,7 @@ def test_a_region_whose_checks_keep_failing_takes_the_exact_forms() -> None:
 
     fn = lambda t: F.max_pool2d(t, 2) * 3  # noqa: E731
     compiled = compile_ort(fn)
+    take_sessions()
     counters = []
     with torch.no_grad(), captured_exports() as models:
         for i in range(CHECKS_BEFORE_EXACT + 2):
@@ -1175,6 +1176,7 @@ def test_a_region_whose_checks_keep_failing_takes_the_exact_forms() -> None:
     assert [m.checks for m in models] == [1, 0]
     exact = onnx.load_from_string(models[1].model_bytes).graph
     assert [n.op_type for n in exact.node if n.op_type == "If"] == ["If"]
+    assert len(take_sessions()) == 1  # the checked model's session is not kept beside it
 
 
 def test_a_region_with_check_outputs_is_still_called_directly(monkeypatch) -> None:

@@ -3,10 +3,12 @@ busy-waiting on ORT's cores, while a multi-threaded ORT run goes (``threads.park
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import threading
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -14,7 +16,16 @@ import torch
 from helpers import assert_close, assert_ran_on_ort, compile_ort, take_sessions
 from ort_lazy import metrics
 from ort_lazy.runtime.bridge import BridgeUnavailableError, load_bridge
-from ort_lazy.runtime.threads import parking
+from ort_lazy.runtime.threads import (
+    SMALL_REGION_FLOPS,
+    TRIAL_AFTER,
+    TRIAL_CALLS,
+    TRIAL_MARGIN,
+    TRIAL_REGION_FLOPS,
+    ThreadTrial,
+    parking,
+    thread_trial,
+)
 
 
 def _bridge_with_openmp() -> bool:
@@ -221,3 +232,130 @@ def test_parking_is_decided_right_in_a_fresh_process() -> None:
     # two test processes) one may already sleep, and there is nothing to park (1 of 3 seen);
     # with parking left undecided none of the three parks
     assert available == "True" and int(parked) >= 1, done.stdout
+
+
+@pytest.fixture
+def two_torch_threads() -> Any:
+    """PyTorch on two threads for the test (a thread trial needs a second thread to try)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def _live_regions() -> set[Any]:
+    from ort_lazy.runtime.region import OrtRegion
+
+    gc.collect()
+    return {o for o in gc.get_objects() if type(o) is OrtRegion}
+
+
+def _mlp(width: int = 256) -> torch.nn.Module:
+    layers: list[torch.nn.Module] = []
+    for _ in range(3):
+        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(width, 10)).eval()
+
+
+def test_thread_trial_alternates_leaves_out_first_calls_and_prefers_one_thread() -> None:
+    one, other = object(), object()
+    trial = ThreadTrial(one, other, one, calls=2)
+    times = {one: [9.0, 1.04, 1.04], other: [0.1, 1.0, 1.0]}  # first calls: a new session's
+    order = []
+    for _ in range(6):
+        assert trial.winner() is None
+        runner = trial.runner()
+        order.append(runner)
+        trial.record(runner, times[runner].pop(0))
+    assert order == [one, other] * 3
+    assert trial.medians() == (1.04, 1.0)
+    assert trial.winner() is one  # within TRIAL_MARGIN: one thread leaves the caller a core
+    assert trial.other(one) is other and trial.other(other) is one
+
+    # the other runner planned first (a region planned on PyTorch's count), and clearly faster
+    trial = ThreadTrial(other, one, one, calls=1)
+    for t in (5.0, 5.0, 2.0, 1.0):
+        runner = trial.runner()
+        trial.record(trial.other(runner), 99.0)  # not this turn's runner (another thread's call): ignored
+        trial.record(runner, t)
+    assert trial.medians() == (1.0, 2.0)
+    assert 1.0 * TRIAL_MARGIN < 2.0 and trial.winner() is one
+    trial = ThreadTrial(other, one, one, calls=1)
+    for t in (5.0, 5.0, 1.0, 2.0):
+        trial.record(trial.runner(), t)
+    assert trial.winner() is other
+
+
+def test_thread_trial_range() -> None:
+    low, high = TRIAL_REGION_FLOPS
+    assert not thread_trial(None) and not thread_trial(low / 2) and not thread_trial(high)
+    assert thread_trial(low) and thread_trial(SMALL_REGION_FLOPS) and thread_trial(high * 0.99)
+
+
+def test_region_in_trial_range_runs_both_thread_counts_and_keeps_the_winner(two_torch_threads: Any) -> None:
+    from ort_lazy.runtime.session import session_cache
+    from ort_lazy.runtime.threads import model_flops
+
+    torch.manual_seed(0)
+    model, x = _mlp(), torch.randn(32, 256)
+    before = _live_regions()
+    f = compile_ort(model)
+    with torch.no_grad():
+        expected = model(x)
+        metrics.reset()
+        calls = TRIAL_AFTER + 2 * (TRIAL_CALLS + 1) + 3
+        for _ in range(calls):
+            assert_close(f(x), expected)  # every call, on either runner: eager's values
+    counts = assert_ran_on_ort(calls)
+    assert counts["thread_trials"] == 1 and counts.get("torch_runs", 0) == 0, counts
+    (region,) = _live_regions() - before
+    assert thread_trial(model_flops(region.runner.model))
+    verdict = region.report["threads"]
+    assert verdict["one_ms"] > 0 and verdict["other_ms"] > 0
+    assert verdict["one_thread"] == (verdict["one_ms"] <= verdict["other_ms"] * TRIAL_MARGIN)
+    assert (region.runner.threads == 1) == verdict["one_thread"]
+    assert region._trial is None and region.runner.cache_key in session_cache()
+    threads = {r.get_session_options().intra_op_num_threads for r in take_sessions()}
+    assert threads == {1 if verdict["one_thread"] else 2}  # the other session left the cache
+
+    # a weight changed in place: the rebuilt session keeps the trial's thread count
+    with torch.no_grad():
+        model[0].weight.mul_(2)
+        assert_close(f(x), model(x))
+    assert (region.runner.threads == 1) == verdict["one_thread"]
+    assert metrics.counters()["thread_trials"] == 1
+
+
+def test_no_thread_trial_outside_its_range_or_with_a_set_thread_count(two_torch_threads: Any) -> None:
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for model, x, options in (
+            (_mlp(64), torch.randn(8, 64), {}),  # 0.2 MFLOP: one thread, no trial
+            (_mlp(), torch.randn(32, 256), {"session_options": {"intra_op_num_threads": 2}}),
+            (_mlp(), torch.randn(32, 256), {"autotune": True}),
+        ):
+            f = compile_ort(model, **options)
+            metrics.reset()
+            for _ in range(TRIAL_AFTER + 2 * (TRIAL_CALLS + 1) + 2):
+                assert_close(f(x), model(x))
+            counts = assert_ran_on_ort(TRIAL_AFTER + 2 * (TRIAL_CALLS + 1) + 2)
+            assert counts.get("thread_trials", 0) == 0, (options, counts)
+            assert len(take_sessions()) == 1
+
+
+def test_weights_changed_during_a_thread_trial_end_it_with_right_results(two_torch_threads: Any) -> None:
+    torch.manual_seed(0)
+    model, x = _mlp(), torch.randn(32, 256)
+    before = _live_regions()
+    f = compile_ort(model)
+    with torch.no_grad():
+        for step in range(TRIAL_AFTER + 2 * (TRIAL_CALLS + 1) + 2):
+            if step == TRIAL_AFTER + 3:
+                model[2].bias.add_(1)  # mid-trial: the region rebuilds its session
+            assert_close(f(x), model(x))
+    counts = assert_ran_on_ort(TRIAL_AFTER + 2 * (TRIAL_CALLS + 1) + 2)
+    assert counts["weight_refreshes"] == 1 and counts.get("thread_trials", 0) == 0, counts
+    (region,) = _live_regions() - before
+    assert region._trial is None and region.runner.threads == 1  # the plan's: below SMALL_REGION_FLOPS
+    assert not region.report.get("threads") and region._one_thread is None
+    assert len(take_sessions()) == 1  # the trial's other session left the cache with it

@@ -8,7 +8,7 @@ import onnx
 import pytest
 import torch
 
-from helpers import assert_close, assert_ran_on_ort, captured_exports, compile_ort
+from helpers import assert_close, assert_ran_on_ort, captured_exports, compile_ort, take_sessions
 from ort_lazy import Options, OptionsError, metrics
 
 
@@ -42,6 +42,7 @@ def test_a_changed_parameter_is_never_stale(change: str) -> None:
     model = _mlp()
     x = torch.randn(5, 16)
     compiled = compile_ort(model)
+    take_sessions()
     with torch.no_grad():
         assert_close(compiled(x), model(x))
     if change == "in_place":
@@ -59,6 +60,8 @@ def test_a_changed_parameter_is_never_stale(change: str) -> None:
         assert_close(compiled(x), model(x))
     c = metrics.counters()
     assert c["weight_refreshes"] == 1 and c["ort_runs"] == 3, c
+    # the session of the old weights (and ORT's prepacked copy of them) is not kept
+    assert len(take_sessions()) == 1
 
 
 def _conv_bn() -> torch.nn.Module:

@@ -32,12 +32,15 @@ from ..options import Options
 from ..reasons import Reason
 from ..specs import OrtModel
 from .quirks import model_vector_matmul
-from .session import ORT_DEVICES, OrtCheckError, OrtInputError, OrtRunError, OrtRunner
-from .threads import model_flops, region_plan
+from .session import ORT_DEVICES, OrtCheckError, OrtInputError, OrtRunError, OrtRunner, session_cache
+from .threads import TRIAL_AFTER, ThreadTrial, model_flops, region_plan, thread_trial
 
 __all__ = ["Region", "OrtRegion", "TorchScriptGroup", "open_runner", "ops_text", "report_fallback", "dump", "compute_ops", "dense_order", "in_layout", "traced_order"]
 
 logger = logging.getLogger("ort_lazy")
+
+_VERSION = operator.attrgetter("_version")
+_DATA_PTR = torch.Tensor.data_ptr
 
 
 def ops_text(ops: Sequence[str], limit: int = 6) -> str:
@@ -53,9 +56,11 @@ def open_runner(
     *,
     spinning: bool,
     weights: dict[int, torch.Tensor] | None = None,
+    one_thread: bool | None = None,
 ) -> OrtRunner:
     """An :class:`OrtRunner` for ``model`` with the thread count and parking the region's size
-    calls for (:func:`~.threads.region_plan`);
+    calls for (:func:`~.threads.region_plan`; ``one_thread`` True or False overrides its thread
+    count: one, or PyTorch's);
     ``weights`` (by graph position) back the model's external initializers: ORT views a
     tensor's memory only when it is contiguous, so a weight in another layout (a channels-last
     convolution's) is given as a contiguous copy, which the runner keeps (the region follows
@@ -65,6 +70,8 @@ def open_runner(
         OrtRunError: the session could not be created.
     """
     threads, park = region_plan(model_flops(model)) if device.type == "cpu" else (None, False)
+    if one_thread is not None and device.type == "cpu":
+        threads = 1 if one_thread else None
     initializers = (
         {name: weights[pos].contiguous() for name, pos in model.external.items()} if weights and model.external else None
     )
@@ -272,6 +279,7 @@ class OrtRegion(Region, torch.nn.Module):
         self._layouts = _traced_layouts(torch_module)
         self.weights = weights
         self._follow = bool(self.constants) and weights in ("shared", "copied") and export is not None
+        self._followed = tuple(self.constants.values())
         self._state = self._weight_state() if self._follow else ()
         self.runner: OrtRunner | None = runner
         self.tuple_output = tuple_output
@@ -286,9 +294,78 @@ class OrtRegion(Region, torch.nn.Module):
         self._per_shape: collections.OrderedDict[Any, OrtRunner | None] | None = (
             collections.OrderedDict() if symbolic and not options.dynamic and export is not None else None
         )
+        #: a thread trial's verdict (one thread, or PyTorch's count), kept by later runners
+        self._one_thread: bool | None = None
+        #: the region's :class:`~.threads.ThreadTrial`: None when it has none (or it ended),
+        #: before it starts the number of calls left until it does
+        self._trial: ThreadTrial | int | None = TRIAL_AFTER if self._plans_trial(runner) else None
 
-    def _weight_state(self) -> tuple[tuple[int, int], ...]:
-        return tuple((t._version, t.data_ptr()) for t in self.constants.values())
+    def _plans_trial(self, runner: OrtRunner) -> bool:
+        """True when ``runner``'s thread count is worth a trial (:func:`~.threads.thread_trial`):
+        a CPU region of the ``ort`` run type whose work falls in the trial's range, with more
+        than one PyTorch thread and no thread count in ``session_options``."""
+        options = self.options
+        if (
+            runner.device.type != "cpu"
+            or options.run_type != "ort"
+            or options.autotune
+            or self._per_shape is not None
+            or torch.get_num_threads() < 2
+            or "intra_op_num_threads" in options.session_options
+        ):
+            return False
+        return thread_trial(model_flops(runner.model))
+
+    def _trial_runner(self, runner: OrtRunner) -> OrtRunner:
+        """The runner for this call while a thread trial runs; ends the trial at its verdict
+        (or when the region's runner changed under it: refreshed weights, exact forms)."""
+        trial = self._trial
+        if isinstance(trial, int):
+            if trial > 0:
+                self._trial = trial - 1
+                return runner
+            # the trial's first call opens the other thread count's runner
+            one = runner.threads == 1
+            try:
+                other = self._reopened(runner.model, runner, one_thread=not one)
+            except Exception as e:  # the planned runner stays
+                logger.info("ort-lazy: %s keeps its planned threads (%s)", self.name, e)
+                self._trial = None
+                return runner
+            self._trial = trial = ThreadTrial(runner, other, runner if one else other)
+        assert isinstance(trial, ThreadTrial)
+        if trial.planned is not runner:
+            self._trial = None
+            self._drop(trial.other(trial.planned), runner)
+            return runner
+        winner = trial.winner()
+        if winner is None:
+            return trial.runner()  # type: ignore[no-any-return]
+        one_ms, other_ms = (t * 1e3 for t in trial.medians())
+        self._one_thread = winner.threads == 1
+        self.runner = winner
+        self._trial = None
+        self._drop(trial.other(winner), winner)
+        metrics.increment("thread_trials")
+        self.report["threads"] = {"one_ms": one_ms, "other_ms": other_ms, "one_thread": self._one_thread}
+        logger.info(
+            "ort-lazy: thread trial %s: one thread %.3f ms, %d threads %.3f ms -> %s",
+            self.name, one_ms, torch.get_num_threads(), other_ms, "one" if self._one_thread else "PyTorch's count",
+        )
+        return winner
+
+    @staticmethod
+    def _drop(runner: OrtRunner, kept: OrtRunner) -> None:
+        """Take ``runner``'s session out of the session cache (with its prepacked weights)
+        unless ``kept`` runs the same one."""
+        if runner.cache_key != kept.cache_key:
+            session_cache().discard(runner.cache_key)
+
+    def _weight_state(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The bound parameters' version counters and data pointers (C-level getters: every
+        call of a region that follows its weights reads them)."""
+        tensors = self._followed
+        return tuple(map(_VERSION, tensors)), tuple(map(_DATA_PTR, tensors))
 
     def _refresh(self) -> None:
         """A parameter changed: a session (``shared``) or a model (``copied``) for its new value."""
@@ -301,6 +378,7 @@ class OrtRegion(Region, torch.nn.Module):
         try:
             model = old.model if self.weights == "shared" else self._export(self.torch_module, self.name, self._checked)
             self.runner = self._reopened(model, old)
+            self._drop(old, self.runner)  # the old weights' session is never asked for again
         except Exception as e:  # the region runs in PyTorch from now on: never a stale result
             self.fall_back("ort_failures", Reason.ORT_FAILED, e, "cannot refresh the weights of")
             self.runner = None
@@ -318,9 +396,16 @@ class OrtRegion(Region, torch.nn.Module):
         if runner is None or self._run_type == "pytorch":
             metrics.increment("torch_runs")
             return self._torch(args)
+        trial = self._trial
+        if trial is not None:
+            runner = self._trial_runner(runner)
+            trial = self._trial if isinstance(self._trial, ThreadTrial) else None
         lasting = True
+        start = time.perf_counter() if trial is not None else 0.0
         try:
             outs = self.run_ort(runner, args)
+            if trial is not None and outs is not None:
+                trial.record(runner, time.perf_counter() - start)
         except OrtInputError as e:  # only these inputs: this call runs in PyTorch (outside the handler)
             outs, lasting = None, False
             if isinstance(e, OrtCheckError):
@@ -330,15 +415,18 @@ class OrtRegion(Region, torch.nn.Module):
         if outs is None:
             if lasting:
                 self.runner = None
+                self._trial = None
             else:
                 metrics.increment("torch_runs")
             return self._torch(args)
         return tuple(outs) if self.tuple_output else outs[0]
 
-    def _reopened(self, model: OrtModel, like: OrtRunner) -> OrtRunner:
+    def _reopened(self, model: OrtModel, like: OrtRunner, one_thread: bool | None = None) -> OrtRunner:
         """A runner for another model of this region (refreshed weights, exact forms, one
-        input shape): ``like``'s device and spinning, the region's bound weights."""
-        return open_runner(model, self.options, like.device, spinning=like.spinning, weights=self.constants)
+        input shape): ``like``'s device and spinning, the region's bound weights, the thread
+        count of the region's trial (or ``one_thread``)."""
+        one = self._one_thread if one_thread is None else one_thread
+        return open_runner(model, self.options, like.device, spinning=like.spinning, weights=self.constants, one_thread=one)
 
     def _take_exact_forms(self) -> None:
         """The model's checks were set on :data:`CHECKS_BEFORE_EXACT` calls: from now on the
@@ -353,6 +441,7 @@ class OrtRegion(Region, torch.nn.Module):
         try:
             model = self._export(self.torch_module, self.name, False)
             self.runner = self._reopened(model, old)
+            self._drop(old, self.runner)
         except Exception as e:  # the checked model stays: correct, only slower on such inputs
             metrics.warn_once(f"exact:{self.name}:{e}", "ort-lazy: %s keeps its checked model: %s", self.name, e)
             return

@@ -138,6 +138,11 @@ class SessionCache:
                 self._building.pop(key, None)
             return value
 
+    def discard(self, key: Hashable) -> None:
+        """Drop ``key``'s entry, if any (runners holding its session keep it)."""
+        with self._lock:
+            self._items.pop(key, None)
+
     def clear(self) -> None:
         """Drop every session."""
         with self._lock:
@@ -377,6 +382,8 @@ class OrtRunner:
             return made
 
         self.session, self.providers = cache.get_or_create(key, create)
+        #: the session's entry in the session cache
+        self.cache_key = key
         self._sess = _ort.raw_session(self.session)
         self._ort_device = _ort.c_device(*devkey)
         self._cpu_device = _ort.c_device("cpu", 0)

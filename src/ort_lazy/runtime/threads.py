@@ -8,6 +8,15 @@ below :data:`SMALL_REGION_FLOPS` runs on one thread; others follow ``torch.get_n
 ORT 1.32) with PyTorch's workers parked during multi-threaded runs (:func:`parking`): 3-4 MFLOP
 MLPs 10-15% faster on one thread, the 12.6 MFLOP MLP above the same on one or two (a parked
 run costs 15-30 us), 50 MFLOP 1.6x faster on two.
+
+Where one thread stops paying depends on the CPU: on a 2-core Intel Xeon (AVX-512, ORT 1.32) a
+26.6 MFLOP MLP (3 x 256, batch 64) ran 13% faster on one thread than on two (0.218 against
+0.251 ms per call; right after a PyTorch matmul 6% faster), where the AMD machine's 12.6 MFLOP
+one ran the same either way; the crossing point moves with the shapes too (Xeon: 28 MFLOP of
+width 384 the same either way, 51 MFLOP of width 512 11% faster on two). So a region estimated
+within :data:`TRIAL_REGION_FLOPS` runs a *thread trial*: its first calls alternate between a
+session on one thread and one on PyTorch's count, and it keeps the faster
+(:class:`ThreadTrial`, run by :class:`~.region.OrtRegion`).
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import statistics
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -22,7 +32,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..specs import OrtModel
 
-__all__ = ["SMALL_REGION_FLOPS", "PARK_REGION_FLOPS", "estimated_flops", "model_flops", "region_plan", "parking"]
+__all__ = [
+    "SMALL_REGION_FLOPS", "PARK_REGION_FLOPS", "TRIAL_REGION_FLOPS", "TRIAL_AFTER", "TRIAL_CALLS", "ThreadTrial", "estimated_flops",
+    "model_flops", "region_plan", "thread_trial", "parking",
+]
 
 #: Regions estimated below this many floating-point operations per call run on one ORT thread.
 SMALL_REGION_FLOPS = 16e6
@@ -35,6 +48,23 @@ SMALL_REGION_FLOPS = 16e6
 #: 68 MFLOP (0.45 ms) 449 / 476 us unparked vs 494 / 557 parked; 150 MFLOP about equal;
 #: 270 MFLOP (1.7 ms) 1716 / 2061 vs 1752 / 1833; 600 MFLOP 3.1 / 5.2 ms vs 3.1 / 3.3 ms.
 PARK_REGION_FLOPS = 2e8
+
+#: Regions estimated within this range of floating-point operations per call (and planned on
+#: more than one thread, without a thread count set in ``session_options``) time one thread
+#: against PyTorch's count on their first calls and keep the faster (:class:`ThreadTrial`).
+TRIAL_REGION_FLOPS = (8e6, 64e6)
+
+#: calls a region makes on its planned runner before its trial starts (a program's first
+#: calls pay first-time costs around the region: allocations, its first autograd steps)
+TRIAL_AFTER = 4
+
+#: timed calls per thread count in a trial (after one untimed call each: a new session's first
+#: run allocates its memory)
+TRIAL_CALLS = 8
+
+#: a trial keeps one thread unless PyTorch's count is faster by more than this factor: one
+#: thread leaves the other cores to the caller's PyTorch work between runs
+TRIAL_MARGIN = 1.05
 
 _MATMULS = {"MatMul", "Gemm", "FusedMatMul"}
 _CONVS = {"Conv", "ConvTranspose"}
@@ -97,6 +127,57 @@ def region_plan(flops: float | None) -> tuple[int | None, bool]:
     if flops < SMALL_REGION_FLOPS:
         return 1, False
     return None, flops >= PARK_REGION_FLOPS
+
+
+def thread_trial(flops: float | None) -> bool:
+    """Whether a CPU region estimated at ``flops`` per call runs a :class:`ThreadTrial`."""
+    return flops is not None and TRIAL_REGION_FLOPS[0] <= flops < TRIAL_REGION_FLOPS[1]
+
+
+class ThreadTrial:
+    """Alternate a region's calls between two runners (``planned``, then ``other``), time them,
+    and name the faster one: one thread wins unless the other is faster by :data:`TRIAL_MARGIN`.
+
+    Each runner's first call is left out of its times. The runners are opaque here; ``one``
+    says which of them runs on one thread.
+    """
+
+    def __init__(self, planned: Any, other: Any, one: Any, calls: int = TRIAL_CALLS) -> None:
+        self.planned = planned
+        self._runners = (planned, other)
+        self._one = one
+        self._times: tuple[list[float], list[float]] = ([], [])
+        self._calls = calls
+        self._turn = 0
+
+    def runner(self) -> Any:
+        """The runner for the next call."""
+        return self._runners[self._turn % 2]
+
+    def record(self, runner: Any, seconds: float) -> None:
+        """One call of ``runner`` took ``seconds``."""
+        if runner is not self._runners[self._turn % 2]:
+            return  # another thread's call in between: not this turn's
+        if self._turn >= 2:
+            self._times[self._turn % 2].append(seconds)
+        self._turn += 1
+
+    def winner(self) -> Any | None:
+        """The faster runner once both have :data:`TRIAL_CALLS` timed calls, else None."""
+        if min(len(t) for t in self._times) < self._calls:
+            return None
+        one, other = self.medians()
+        return self._one if one <= other * TRIAL_MARGIN else self.other(self._one)
+
+    def other(self, runner: Any) -> Any:
+        """The trial's runner that is not ``runner``."""
+        return self._runners[1] if runner is self._runners[0] else self._runners[0]
+
+    def medians(self) -> tuple[float, float]:
+        """Median seconds per call of (the one-thread runner, the other)."""
+        first = statistics.median(self._times[0])
+        second = statistics.median(self._times[1])
+        return (first, second) if self._one is self._runners[0] else (second, first)
 
 
 def _attr(node: Any, name: str, default: int) -> int:
