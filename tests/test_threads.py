@@ -359,3 +359,33 @@ def test_weights_changed_during_a_thread_trial_end_it_with_right_results(two_tor
     assert region._trial is None and region.runner.threads == 1  # the plan's: below SMALL_REGION_FLOPS
     assert not region.report.get("threads") and region._one_thread is None
     assert len(take_sessions()) == 1  # the trial's other session left the cache with it
+
+
+def test_a_thread_trial_called_from_several_threads_ends_once_with_right_results(two_torch_threads: Any) -> None:
+    torch.manual_seed(0)
+    model, x = _mlp(), torch.randn(32, 256)
+    f = compile_ort(model)
+    with torch.no_grad():
+        expected = model(x)
+        f(x)  # compiled before the threads start
+    take_sessions()  # (the cache now refills only with this region's sessions)
+    metrics.reset()
+    errors: list[BaseException] = []
+    per_thread = TRIAL_AFTER + 2 * (TRIAL_CALLS + 1) + 2
+
+    def calls() -> None:
+        try:
+            with torch.no_grad():
+                for _ in range(per_thread):
+                    assert_close(f(x), expected)
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    workers = [threading.Thread(target=calls) for _ in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert not errors, errors
+    counts = assert_ran_on_ort(4 * per_thread)
+    assert counts["thread_trials"] == 1 and counts.get("torch_runs", 0) == 0, counts

@@ -18,6 +18,7 @@ import logging
 import math
 import operator
 import statistics
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -299,6 +300,7 @@ class OrtRegion(Region, torch.nn.Module):
         #: the region's :class:`~.threads.ThreadTrial`: None when it has none (or it ended),
         #: before it starts the number of calls left until it does
         self._trial: ThreadTrial | int | None = TRIAL_AFTER if self._plans_trial(runner) else None
+        self._trial_lock = threading.Lock()
 
     def _plans_trial(self, runner: OrtRunner) -> bool:
         """True when ``runner``'s thread count is worth a trial (:func:`~.threads.thread_trial`):
@@ -316,10 +318,20 @@ class OrtRegion(Region, torch.nn.Module):
             return False
         return thread_trial(model_flops(runner.model))
 
-    def _trial_runner(self, runner: OrtRunner) -> OrtRunner:
-        """The runner for this call while a thread trial runs; ends the trial at its verdict
-        (or when the region's runner changed under it: refreshed weights, exact forms)."""
+    def _trial_runner(self, runner: OrtRunner) -> tuple[OrtRunner, ThreadTrial | None]:
+        """The runner for this call while a thread trial is due or runs, with the trial to
+        time it (None: untimed); ends the trial at its verdict (or when the region's runner
+        changed under it: refreshed weights, exact forms). Calls from several threads take
+        their turns one at a time here."""
+        with self._trial_lock:
+            runner = self._trial_turn(runner)
+            trial = self._trial
+            return runner, trial if isinstance(trial, ThreadTrial) else None
+
+    def _trial_turn(self, runner: OrtRunner) -> OrtRunner:
         trial = self._trial
+        if trial is None:  # ended by another thread's call
+            return self.runner or runner
         if isinstance(trial, int):
             if trial > 0:
                 self._trial = trial - 1
@@ -333,7 +345,6 @@ class OrtRegion(Region, torch.nn.Module):
                 self._trial = None
                 return runner
             self._trial = trial = ThreadTrial(runner, other, runner if one else other)
-        assert isinstance(trial, ThreadTrial)
         if trial.planned is not runner:
             self._trial = None
             self._drop(trial.other(trial.planned), runner)
@@ -396,10 +407,9 @@ class OrtRegion(Region, torch.nn.Module):
         if runner is None or self._run_type == "pytorch":
             metrics.increment("torch_runs")
             return self._torch(args)
-        trial = self._trial
-        if trial is not None:
-            runner = self._trial_runner(runner)
-            trial = self._trial if isinstance(self._trial, ThreadTrial) else None
+        trial = None
+        if self._trial is not None:
+            runner, trial = self._trial_runner(runner)
         lasting = True
         start = time.perf_counter() if trial is not None else 0.0
         try:
