@@ -166,11 +166,11 @@ def _model_bytes(fn, *args) -> bytes:
 
 
 def test_estimated_flops_and_threads() -> None:
-    from ort_lazy.runtime.threads import estimated_flops, region_plan
+    from ort_lazy.runtime.threads import ELEMENT_COST, estimated_flops, region_plan
 
     small = _model_bytes(lambda a, w: torch.relu(a @ w), torch.randn(32, 256), torch.randn(256, 256))
-    # 2*32*256*256 for the matmul + 32*256 for relu
-    assert estimated_flops(small) == 2 * 32 * 256 * 256 + 32 * 256
+    # 2*32*256*256 for the matmul + 32*256 elements for relu
+    assert estimated_flops(small) == 2 * 32 * 256 * 256 + 32 * 256 * ELEMENT_COST
     assert region_plan(estimated_flops(small))[0] == 1
     big = _model_bytes(lambda a, w: a @ w, torch.randn(512, 512), torch.randn(512, 512))
     assert estimated_flops(big) == 2 * 512**3
@@ -180,8 +180,17 @@ def test_estimated_flops_and_threads() -> None:
     assert region_plan(estimated_flops(medium)) == (None, False)  # 134 MFLOP: two threads, too short to park
     conv = _model_bytes(lambda x, w: torch.nn.functional.conv2d(x, w), torch.randn(1, 3, 10, 10), torch.randn(4, 3, 3, 3))
     assert estimated_flops(conv) == 2 * (4 * 8 * 8) * (3 * 3 * 3)
+    # a reduction reads its input: 12 elements, though it writes one
     symbolic_free = _model_bytes(lambda a: a.sum(), torch.randn(3, 4))
-    assert estimated_flops(symbolic_free) == 1
+    assert estimated_flops(symbolic_free) == 12 * ELEMENT_COST
+    # elementwise work counts as the time it takes, not one operation per element: six ops on
+    # 1M floats plan two threads (one thread ran it 1.8x slower) and park PyTorch's workers
+    chain = _model_bytes(lambda x: ((x * x + x) * x - x) / (x + 2), torch.randn(1 << 20))
+    assert estimated_flops(chain) == 6 * (1 << 20) * ELEMENT_COST
+    assert region_plan(estimated_flops(chain)) == (None, True)
+    # ops that move no data cost nothing
+    views = _model_bytes(lambda x: x.reshape(64, -1).unsqueeze(0) + 1, torch.randn(1 << 12))
+    assert estimated_flops(views) == (1 << 12) * ELEMENT_COST
 
 
 def test_small_region_session_uses_one_thread_and_follows_torch_threads_otherwise() -> None:

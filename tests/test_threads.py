@@ -23,7 +23,9 @@ from ort_lazy.runtime.threads import (
     TRIAL_MARGIN,
     TRIAL_REGION_FLOPS,
     ThreadTrial,
+    model_flops,
     parking,
+    region_plan,
     thread_trial,
 )
 
@@ -294,7 +296,6 @@ def test_thread_trial_range() -> None:
 
 def test_region_in_trial_range_runs_both_thread_counts_and_keeps_the_winner(two_torch_threads: Any) -> None:
     from ort_lazy.runtime.session import session_cache
-    from ort_lazy.runtime.threads import model_flops
 
     torch.manual_seed(0)
     model, x = _mlp(), torch.randn(32, 256)
@@ -356,7 +357,8 @@ def test_weights_changed_during_a_thread_trial_end_it_with_right_results(two_tor
     counts = assert_ran_on_ort(TRIAL_AFTER + 2 * (TRIAL_CALLS + 1) + 2)
     assert counts["weight_refreshes"] == 1 and counts.get("thread_trials", 0) == 0, counts
     (region,) = _live_regions() - before
-    assert region._trial is None and region.runner.threads == 1  # the plan's: below SMALL_REGION_FLOPS
+    # the plan's thread count, kept
+    assert region._trial is None and region.runner.threads == region_plan(model_flops(region.runner.model))[0]
     assert not region.report.get("threads") and region._one_thread is None
     assert len(take_sessions()) == 1  # the trial's other session left the cache with it
 
