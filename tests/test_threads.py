@@ -391,3 +391,32 @@ def test_a_thread_trial_called_from_several_threads_ends_once_with_right_results
     assert not errors, errors
     counts = assert_ran_on_ort(4 * per_thread)
     assert counts["thread_trials"] == 1 and counts.get("torch_runs", 0) == 0, counts
+
+
+@linux_openmp
+def test_training_regions_park_torch_workers_whatever_their_size(two_torch_threads: Any) -> None:
+    """134 MFLOP: two ORT threads, too short a run to park in an inference graph, but a training
+    graph's runs park (PyTorch's work between its regions leaves its workers busy-waiting)."""
+    from ort_lazy.runtime.threads import PARK_REGION_FLOPS
+
+    torch.manual_seed(0)
+    layer, x = torch.nn.Linear(512, 512), torch.randn(256, 512)
+    before = _live_regions()
+    f = compile_ort(layer)
+    reference = torch.nn.Linear(512, 512)
+    reference.load_state_dict(layer.state_dict())
+    f(x).square().sum().backward()
+    reference(x).square().sum().backward()
+    assert_close(layer.weight.grad, reference.weight.grad, rtol=1e-4, atol=1e-4)
+    training = _live_regions() - before
+    assert {r.name.split("_")[0] for r in training} == {"forward", "backward"}
+    for region in training:
+        work = model_flops(region.runner.model)
+        assert work is not None and SMALL_REGION_FLOPS < work < PARK_REGION_FLOPS, work
+        assert region.runner.threads is None and region.runner._parked is not None
+
+    before = _live_regions()
+    with torch.no_grad():
+        assert_close(compile_ort(layer.eval())(x), reference(x))
+    (inference,) = _live_regions() - before
+    assert inference.runner.threads is None and inference.runner._parked is None

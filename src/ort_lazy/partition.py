@@ -215,9 +215,16 @@ def _tuple_output(gm: torch.fx.GraphModule) -> bool:
 
 
 def _make_region(
-    name: str, sub: torch.fx.GraphModule, options: Options, spinning: bool, constants: dict[int, torch.Tensor], weights: str
+    name: str,
+    sub: torch.fx.GraphModule,
+    options: Options,
+    spinning: bool,
+    constants: dict[int, torch.Tensor],
+    weights: str,
+    training: bool = False,
 ) -> OrtRegion | None:
-    """Export ``sub`` and open its ORT session; None (counted, warned once) when either fails."""
+    """Export ``sub`` and open its ORT session; None (counted, warned once) when either fails.
+    ``training``: a region of a training graph (forward or backward)."""
     ops = compute_ops(sub)
     shared = weights == "shared"
     try:
@@ -227,7 +234,7 @@ def _make_region(
         return None
     dump(options, name, sub, model)
     try:
-        runner = open_runner(model, options, graph_device(sub), spinning=spinning, weights=constants)
+        runner = open_runner(model, options, graph_device(sub), spinning=spinning, weights=constants, training=training)
     except Exception as e:  # session creation faults (bad model, missing kernel, provider) fall back
         report_fallback(name, ops, "ort_failures", Reason.ORT_FAILED, e, "ORT cannot run")
         return None
@@ -236,7 +243,9 @@ def _make_region(
     def export(graph: torch.fx.GraphModule, export_name: str, checked: bool = True) -> Any:
         return export_for(graph, export_name, options, constants or None, shared, graph_device(sub), checked)
 
-    return OrtRegion(name, sub, runner, options, _tuple_output(sub), constants=constants, weights=weights, export=export)
+    return OrtRegion(
+        name, sub, runner, options, _tuple_output(sub), constants=constants, weights=weights, export=export, training=training
+    )
 
 
 def compile_graph(
@@ -319,7 +328,7 @@ def compile_graph(
             for j, a in enumerate(node.args)
             if isinstance(a, torch.fx.Node) and a.op == "placeholder" and a.name in frozen
         }
-        region = _make_region(f"{tag}_{name}", sub, options, spinning, sub_constants, weights)
+        region = _make_region(f"{tag}_{name}", sub, options, spinning, sub_constants, weights, tag.startswith(("forward", "backward")))
         if region is not None and sub_constants:
             node.args = tuple(a for j, a in enumerate(node.args) if j not in sub_constants)
         ops = compute_ops(sub)

@@ -34,7 +34,7 @@ from ..reasons import Reason
 from ..specs import OrtModel
 from .quirks import model_vector_matmul
 from .session import ORT_DEVICES, OrtCheckError, OrtInputError, OrtRunError, OrtRunner, session_cache
-from .threads import TRIAL_AFTER, ThreadTrial, model_flops, region_plan, thread_trial
+from .threads import PARK_TRAINING, TRIAL_AFTER, ThreadTrial, model_flops, region_plan, thread_trial
 
 __all__ = ["Region", "OrtRegion", "TorchScriptGroup", "open_runner", "ops_text", "report_fallback", "dump", "compute_ops", "dense_order", "in_layout", "traced_order"]
 
@@ -58,10 +58,12 @@ def open_runner(
     spinning: bool,
     weights: dict[int, torch.Tensor] | None = None,
     one_thread: bool | None = None,
+    training: bool = False,
 ) -> OrtRunner:
     """An :class:`OrtRunner` for ``model`` with the thread count and parking the region's size
     calls for (:func:`~.threads.region_plan`; ``one_thread`` True or False overrides its thread
-    count: one, or PyTorch's);
+    count: one, or PyTorch's; a ``training`` graph's multi-threaded runs always park, see
+    :data:`~.threads.PARK_TRAINING`);
     ``weights`` (by graph position) back the model's external initializers: ORT views a
     tensor's memory only when it is contiguous, so a weight in another layout (a channels-last
     convolution's) is given as a contiguous copy, which the runner keeps (the region follows
@@ -73,6 +75,8 @@ def open_runner(
     threads, park = region_plan(model_flops(model)) if device.type == "cpu" else (None, False)
     if one_thread is not None and device.type == "cpu":
         threads = 1 if one_thread else None
+    if training and PARK_TRAINING and device.type == "cpu":
+        park = True  # a one-thread runner has nothing to park
     initializers = (
         {name: weights[pos].contiguous() for name, pos in model.external.items()} if weights and model.external else None
     )
@@ -272,6 +276,7 @@ class OrtRegion(Region, torch.nn.Module):
         constants: dict[int, torch.Tensor] | None = None,
         weights: str = "snapshot",
         export: Callable[..., OrtModel] | None = None,
+        training: bool = False,
     ) -> None:
         torch.nn.Module.__init__(self)
         Region.__init__(self, name, options, compute_ops(torch_module), self._torch)
@@ -283,6 +288,8 @@ class OrtRegion(Region, torch.nn.Module):
         self._followed = tuple(self.constants.values())
         self._state = self._weight_state() if self._follow else ()
         self.runner: OrtRunner | None = runner
+        #: a training graph's region (its runners park PyTorch's workers whenever multi-threaded)
+        self.training = training
         self.tuple_output = tuple_output
         self.record: Any = None
         self._export = export
@@ -436,7 +443,9 @@ class OrtRegion(Region, torch.nn.Module):
         input shape): ``like``'s device and spinning, the region's bound weights, the thread
         count of the region's trial (or ``one_thread``)."""
         one = self._one_thread if one_thread is None else one_thread
-        return open_runner(model, self.options, like.device, spinning=like.spinning, weights=self.constants, one_thread=one)
+        return open_runner(
+            model, self.options, like.device, spinning=like.spinning, weights=self.constants, one_thread=one, training=self.training
+        )
 
     def _take_exact_forms(self) -> None:
         """The model's checks were set on :data:`CHECKS_BEFORE_EXACT` calls: from now on the

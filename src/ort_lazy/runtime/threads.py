@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from ..specs import OrtModel
 
 __all__ = [
-    "SMALL_REGION_FLOPS", "PARK_REGION_FLOPS", "TRIAL_REGION_FLOPS", "TRIAL_AFTER", "TRIAL_CALLS", "ELEMENT_COST", "ThreadTrial", "estimated_flops",
+    "SMALL_REGION_FLOPS", "PARK_REGION_FLOPS", "PARK_TRAINING", "TRIAL_REGION_FLOPS", "TRIAL_AFTER", "TRIAL_CALLS", "ELEMENT_COST", "ThreadTrial", "estimated_flops",
     "model_flops", "region_plan", "thread_trial", "parking",
 ]
 
@@ -56,6 +56,13 @@ SMALL_REGION_FLOPS = 16e6
 #: 68 MFLOP (0.45 ms) 449 / 476 us unparked vs 494 / 557 parked; 150 MFLOP about equal;
 #: 270 MFLOP (1.7 ms) 1716 / 2061 vs 1752 / 1833; 600 MFLOP 3.1 / 5.2 ms vs 3.1 / 3.3 ms.
 PARK_REGION_FLOPS = 2e8
+
+#: Training graphs park PyTorch's workers for every multi-threaded run, whatever its size:
+#: PyTorch runs between their regions (the loss, the optimizer, autograd, operators kept in
+#: PyTorch), so its workers are busy-waiting when a run starts and would share the second ORT
+#: thread's core. ResNet-18 training (28 regions between PyTorch's convolutions): 137.0 / 130.8
+#: ms per step parked against 145.1 / 148.3 unparked (two pairs of runs); an MLP's the same.
+PARK_TRAINING = True
 
 #: Regions estimated within this range of floating-point operations per call (and planned on
 #: more than one thread, without a thread count set in ``session_options``) time one thread
