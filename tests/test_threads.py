@@ -337,9 +337,11 @@ def test_no_thread_trial_outside_its_range_or_with_a_set_thread_count(two_torch_
         ):
             f = compile_ort(model, **options)
             metrics.reset()
-            for _ in range(TRIAL_AFTER + 2 * (TRIAL_CALLS + 1) + 2):
+            calls = TRIAL_AFTER + 2 * (TRIAL_CALLS + 1) + 2
+            for _ in range(calls):
                 assert_close(f(x), model(x))
-            counts = assert_ran_on_ort(TRIAL_AFTER + 2 * (TRIAL_CALLS + 1) + 2)
+            # autotune may keep the region in PyTorch (timed on this machine): ORT ran while it timed
+            counts = assert_ran_on_ort(1 if "autotune" in options else calls)
             assert counts.get("thread_trials", 0) == 0, (options, counts)
             assert len(take_sessions()) == 1
 
