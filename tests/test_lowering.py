@@ -188,6 +188,17 @@ def test_estimated_flops_and_threads() -> None:
     chain = _model_bytes(lambda x: ((x * x + x) * x - x) / (x + 2), torch.randn(1 << 20))
     assert estimated_flops(chain) == 6 * (1 << 20) * ELEMENT_COST
     assert region_plan(estimated_flops(chain)) == (None, True)
+    # the int8 products of precision="int8-dynamic" models are matrix products too
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMulInteger", ["a", "b"], ["y"])],
+        "int8",
+        [helper.make_tensor_value_info("a", TensorProto.UINT8, [32, 256]), helper.make_tensor_value_info("b", TensorProto.INT8, [256, 512])],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, [32, 512])],
+    )
+    int8 = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
+    assert estimated_flops(int8) == 2 * 32 * 512 * 256
     # ops that move no data cost nothing
     views = _model_bytes(lambda x: x.reshape(64, -1).unsqueeze(0) + 1, torch.randn(1 << 12))
     assert estimated_flops(views) == (1 << 12) * ELEMENT_COST

@@ -283,7 +283,8 @@ def _direct_call(forward: Callable[..., Any]) -> Callable[..., Any] | None:
             args.clear()
             return (run_region(value),)
     else:
-        pick = operator.itemgetter(*index) if len(index) > 1 else (lambda args: (args[index[0]],) if index else ())
+        # itemgetter returns a tuple for two or more positions only
+        pick = operator.itemgetter(*index) if len(index) > 1 else (lambda args: tuple(args[i] for i in index))
 
         def run(args: list[Any]) -> Any:
             call_args = pick(args)
