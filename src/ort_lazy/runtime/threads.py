@@ -23,8 +23,8 @@ elementwise kernels take as long per element as about :data:`ELEMENT_COST` of th
 region of elementwise ops is not mistaken for a small one. ResNet-18's training step (28
 regions between PyTorch's convolutions, mostly batch norm and ReLU, 0.2-5 ms each): the
 regions' time 19.4-20.4 -> 14.7-18.2 ms per step, the whole step 143.6 -> 141.2 ms (mean of 4
-runs each, within the machine's noise: the other cores' PyTorch work between the regions gives
-back part of what the second ORT thread saves).
+runs each, within the machine's noise: PyTorch's convolutions between the regions ran slower
+beside the second ORT thread, which :data:`PARK_TRAINING` takes back).
 """
 
 from __future__ import annotations
@@ -41,8 +41,9 @@ if TYPE_CHECKING:
     from ..specs import OrtModel
 
 __all__ = [
-    "SMALL_REGION_FLOPS", "PARK_REGION_FLOPS", "PARK_TRAINING", "TRIAL_REGION_FLOPS", "TRIAL_AFTER", "TRIAL_CALLS", "ELEMENT_COST", "ThreadTrial", "estimated_flops",
-    "model_flops", "region_plan", "thread_trial", "parking",
+    "SMALL_REGION_FLOPS", "PARK_REGION_FLOPS", "PARK_TRAINING", "TRIAL_REGION_FLOPS", "TRIAL_AFTER", "TRIAL_CALLS",
+    "TRIAL_MARGIN", "ELEMENT_COST", "ThreadTrial", "estimated_flops", "model_flops", "region_plan", "thread_trial",
+    "parking",
 ]
 
 #: Regions estimated below this much work per call (:func:`estimated_flops`) run on one ORT thread.
@@ -60,8 +61,8 @@ PARK_REGION_FLOPS = 2e8
 #: Training graphs park PyTorch's workers for every multi-threaded run, whatever its size:
 #: PyTorch runs between their regions (the loss, the optimizer, autograd, operators kept in
 #: PyTorch), so its workers are busy-waiting when a run starts and would share the second ORT
-#: thread's core. ResNet-18 training (28 regions between PyTorch's convolutions): 137.0 / 130.8
-#: ms per step parked against 145.1 / 148.3 unparked (two pairs of runs); an MLP's the same.
+#: thread's core. ResNet-18 training (28 regions between PyTorch's convolutions, runs
+#: alternating): 134.8 / 132.3 ms per step against 149.8 / 153.3 unparked; an MLP's the same.
 PARK_TRAINING = True
 
 #: Regions estimated within this range of floating-point operations per call (and planned on
@@ -90,7 +91,7 @@ ELEMENT_COST = 60
 
 #: matrix products, the quantized ones of ``precision="int8-dynamic"`` models included (their
 #: first input is the left operand): counted as elementwise, the int8 feed-forward block's region
-#: ran on one thread, its fp32 speed-up 3.70x where two threads give 6.8x
+#: ran on one thread, 3.85x fp32 ort-lazy's speed where two threads give 6.7x
 _MATMULS = {"MatMul", "Gemm", "FusedMatMul", "MatMulInteger", "MatMulIntegerToFloat", "QLinearMatMul", "DynamicQuantizeMatMul"}
 _CONVS = {"Conv", "ConvTranspose", "ConvInteger"}  # weight: the second input
 #: ops that move no data (ORT gives their output the input's buffer, or computes a shape)
