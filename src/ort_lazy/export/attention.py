@@ -87,7 +87,7 @@ def not_fusable(
         return "both a mask and is_causal"
     if any(t.dim() != 4 for t in (query, key, value)) or (attn_mask is not None and attn_mask.dim() > 4):
         return "operands that are not 4-d"
-    dims = [[d if isinstance(d, int) else None for d in t.shape] for t in (query, key, value)]
+    dims = [_static(t) for t in (query, key, value)]
     heads, size = dims[0][1], dims[0][3]
     if heads is None or size is None:
         return "a symbolic head count or head size"
@@ -97,6 +97,8 @@ def not_fusable(
 
 
 def _static(value: Any) -> list[int | None]:
+    """The dims of a tensor or an ``onnx_ir`` value, None where symbolic (four unknown dims
+    for a value without a shape)."""
     return [d if isinstance(d, int) else None for d in value.shape] if value.shape is not None else [None] * 4
 
 

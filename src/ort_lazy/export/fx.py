@@ -119,14 +119,14 @@ def _translated(
     """``gm`` translated into a new ``onnx_ir`` model, with the check flags its translations
     made (:func:`translate`); attention as ONNX's ``Attention`` where the model can take it
     (:func:`~ort_lazy.export.attention.settle`), else decomposed."""
-    model = _compat.new_ir_model(name)
-    with checked() if checks else contextlib.nullcontext([]) as flags, attention.fused(fused_attention):
-        _compat.translate_fx_graph(gm.graph, model)
-    if any(flag.producer() is None or flag.producer().graph is not model.graph for flag in flags):
-        model = _compat.new_ir_model(name)  # a flag inside a subgraph: the exact forms instead
-        with attention.fused(fused_attention):
+    with attention.fused(fused_attention):
+        model = _compat.new_ir_model(name)
+        with checked() if checks else contextlib.nullcontext([]) as flags:
             _compat.translate_fx_graph(gm.graph, model)
-        flags = []
+        if any(flag.producer() is None or flag.producer().graph is not model.graph for flag in flags):
+            model = _compat.new_ir_model(name)  # a flag inside a subgraph: the exact forms instead
+            _compat.translate_fx_graph(gm.graph, model)
+            flags = []
     _compat.finalize_ir_model(model)
     if fused_attention and not attention.settle(model, providers):
         return _translated(gm, name, providers, checks, fused_attention=False)

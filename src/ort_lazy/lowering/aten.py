@@ -275,22 +275,12 @@ def _direct_call(forward: Callable[..., Any]) -> Callable[..., Any] | None:
     index = [placeholders.index(a) for a in call.args]
     run_region = region.forward
     single = not region.tuple_output
-    if len(index) == 1 and single:  # one input, one output (an MLP's graph): the leanest call
-        (only,) = index
 
-        def run(args: list[Any]) -> Any:
-            value = args[only]
-            args.clear()
-            return (run_region(value),)
-    else:
-        # itemgetter returns a tuple for two or more positions only
-        pick = operator.itemgetter(*index) if len(index) > 1 else (lambda args: tuple(args[i] for i in index))
-
-        def run(args: list[Any]) -> Any:
-            call_args = pick(args)
-            args.clear()
-            result = run_region(*call_args)
-            return (result,) if single else result
+    def run(args: list[Any]) -> Any:
+        call_args = [args[i] for i in index]
+        args.clear()
+        result = run_region(*call_args)
+        return (result,) if single else result
 
     run._boxed_call = True  # type: ignore[attr-defined]
     return run
