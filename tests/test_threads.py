@@ -407,9 +407,11 @@ def test_training_regions_park_torch_workers_whatever_their_size(two_torch_threa
     f = compile_ort(layer)
     reference = torch.nn.Linear(512, 512)
     reference.load_state_dict(layer.state_dict())
+    metrics.reset()
     f(x).square().sum().backward()
     reference(x).square().sum().backward()
     assert_close(layer.weight.grad, reference.weight.grad, rtol=1e-4, atol=1e-4)
+    assert assert_ran_on_ort(2)["torch_runs"] == 0  # forward and backward ran on ORT
     training = _live_regions() - before
     assert {r.name.split("_")[0] for r in training} == {"forward", "backward"}
     for region in training:
@@ -418,7 +420,9 @@ def test_training_regions_park_torch_workers_whatever_their_size(two_torch_threa
         assert region.runner.threads is None and region.runner._parked is not None
 
     before = _live_regions()
+    metrics.reset()
     with torch.no_grad():
         assert_close(compile_ort(layer.eval())(x), reference(x))
+    assert_ran_on_ort()
     (inference,) = _live_regions() - before
     assert inference.runner.threads is None and inference.runner._parked is None
