@@ -11,10 +11,11 @@ import onnxruntime as ort
 import torch
 from onnx import TensorProto, helper
 
-from helpers import assert_close, assert_ran_on_ort, aten_graph, captured_exports, compile_ort
+from helpers import assert_close, assert_ran_on_ort, aten_graph, captured_exports, compile_ort, train_parity
 from ort_lazy.runtime.quirks import (
     DOUBLE_LOG_SOFTMAX_NAN,
     MATMUL_TRANSPOSE_FUSION,
+    MATMUL_TRANSPOSES_FACT,
     NOT_WHERE_FUSION,
     SIGMOID_APPROXIMATION,
     SKIP_LAYER_NORM_FUSION,
@@ -22,6 +23,7 @@ from ort_lazy.runtime.quirks import (
     _exact_sigmoids,
     disabled_optimizers,
     exact_sigmoid,
+    fuse_matmul_transposes,
 )
 
 
@@ -68,6 +70,109 @@ def test_models_without_vector_products_keep_every_optimizer() -> None:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
     assert disabled_optimizers(model) == []
     assert disabled_optimizers(b"no matrix products here") == []
+
+
+#: name -> (transposed input's shape, perm, other operand's shape, whether the Transpose feeds B)
+_PRODUCTS = {
+    "slow": ((256, 64), [1, 0], (256, 512), False),  # [k, m]^T @ [k, n], n >= k, 8.4M multiply-adds
+    "transB": ((16, 32), [1, 0], (2, 8, 32), True),  # x @ W^T
+    "batched": ((4, 8, 16), [0, 2, 1], (4, 8, 16), False),  # attention's gradient: batched transA
+    "small": ((8, 4), [1, 0], (8, 8), False),  # a 2-D transA too small to be slow
+    "narrow": ((512, 64), [1, 0], (512, 256), False),  # n < k: the Transpose costs more than it saves
+    "vector": ((5, 4), [1, 0], (5,), False),  # a 1-D operand: never fused (MATMUL_TRANSPOSE_FUSION)
+}
+
+
+def _transposed_products(elem_type: int = TensorProto.FLOAT, names: tuple[str, ...] = tuple(_PRODUCTS)) -> bytes:
+    nodes, inputs, outputs = [], [], []
+    for name in names:
+        shape, perm, other, feeds_b = _PRODUCTS[name]
+        nodes.append(helper.make_node("Transpose", [f"{name}_t"], [f"{name}_tt"], perm=perm))
+        pair = [f"{name}_o", f"{name}_tt"] if feeds_b else [f"{name}_tt", f"{name}_o"]
+        nodes.append(helper.make_node("MatMul", pair, [f"{name}_y"], name=name))
+        inputs += [helper.make_tensor_value_info(f"{name}_t", elem_type, shape), helper.make_tensor_value_info(f"{name}_o", elem_type, other)]
+        outputs.append(helper.make_tensor_value_info(f"{name}_y", elem_type, None))
+    graph = helper.make_graph(nodes, "g", inputs, outputs)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
+
+
+def _products_feeds() -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    rng = np.random.default_rng(0)
+    feeds, want = {}, {}
+    for name, (shape, perm, other, feeds_b) in _PRODUCTS.items():
+        t, o = rng.standard_normal(shape, dtype=np.float32), rng.standard_normal(other, dtype=np.float32)
+        feeds[f"{name}_t"], feeds[f"{name}_o"] = t, o
+        want[f"{name}_y"] = o @ t.transpose(perm) if feeds_b else t.transpose(perm) @ o
+    return feeds, want
+
+
+def test_cpu_models_keep_their_slow_transposed_products_unfused(tmp_path: Path) -> None:
+    """A model holding a large 2-D ``MatMul(Transpose(a), b)`` (a weight gradient, slow as
+    FusedMatMul on the CPU: ``quirks.TRANSPOSED_A_MATMUL``) gets ORT's other transpose fusions
+    written in and runs without MatmulTransposeFusion: that product stays a Transpose and a
+    MatMul in the optimized model, every product matches numpy."""
+    model = _transposed_products()
+    rewritten, off = fuse_matmul_transposes(model)
+    assert off
+    graph = onnx.load_from_string(rewritten).graph.node
+    nodes = {n.name: n for n in graph if n.name}
+    flags = {n.name: {a.name: a.i for a in n.attribute if a.name.startswith("trans")} for n in nodes.values()}
+    assert nodes["slow"].op_type == "MatMul" and nodes["narrow"].op_type == "FusedMatMul"
+    assert flags["transB"] == {"transB": 1} and list(nodes["transB"].input) == ["transB_o", "transB_t"]
+    assert flags["batched"] == {"transA": 1} and flags["small"] == {"transA": 1} and flags["narrow"] == {"transA": 1}
+    assert nodes["vector"].op_type == "MatMul"
+    transposes = [n.input[0] for n in graph if n.op_type == "Transpose"]
+    assert sorted(transposes) == ["slow_t", "vector_t"]  # the others' are gone
+    disabled = disabled_optimizers(rewritten, transposed_a=off)
+    assert MATMUL_TRANSPOSE_FUSION in disabled
+    small = _transposed_products(names=("small",))
+    assert MATMUL_TRANSPOSE_FUSION not in disabled_optimizers(small, transposed_a=fuse_matmul_transposes(small)[1])
+    so = ort.SessionOptions()
+    so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    session = ort.InferenceSession(rewritten, so, providers=["CPUExecutionProvider"], disabled_optimizers=disabled)
+    feeds, want = _products_feeds()
+    for name, got in zip([o.name for o in session.get_outputs()], session.run(None, feeds)):
+        np.testing.assert_allclose(got, want[name], rtol=1e-4, atol=1e-4)
+    optimized = onnx.load(str(tmp_path / "optimized.onnx")).graph.node
+    producers = {out: n for n in optimized for out in n.output}
+    slow = next(n for n in optimized if "slow_y" in n.output)
+    assert slow.op_type == "MatMul" and producers[slow.input[0]].op_type == "Transpose"
+
+
+def test_models_without_slow_transposed_products_are_left_to_ort() -> None:
+    """Small, narrow or non-float products, and models for other providers, keep ORT's fusion
+    (the model comes back unchanged)."""
+    for name in ("small", "narrow", "transB", "batched", "vector"):
+        model = _transposed_products(names=(name,))
+        assert fuse_matmul_transposes(model) == (model, False), name
+    model = _transposed_products()
+    assert fuse_matmul_transposes(model, ("CUDAExecutionProvider", "CPUExecutionProvider")) == (model, False)
+    double = _transposed_products(TensorProto.DOUBLE)
+    assert fuse_matmul_transposes(double) == (double, False)
+
+
+def test_a_linear_layers_weight_gradient_runs_unfused_and_right(tmp_path: Path) -> None:
+    """The weight gradient of a 256 -> 512 linear layer over 64 tokens is such a product: the
+    backward graph's export says so (once, as a fact), its session keeps the product unfused, and
+    training matches eager."""
+    path = tmp_path / "optimized.onnx"
+    with captured_exports() as models:
+        train_parity(
+            lambda: torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Tanh()),
+            [torch.randn(64, 256)],
+            session_options={"optimized_model_filepath": str(path)},
+        )
+    assert_ran_on_ort()
+    assert sorted(m.facts.get(MATMUL_TRANSPOSES_FACT) for m in models) == [False, True]
+    optimized = onnx.load(str(path)).graph.node  # the backward's session is the last one opened
+    producers = {out: n for n in optimized for out in n.output}
+    assert any(
+        n.op_type == "MatMul" and n.input[0] in producers and producers[n.input[0]].op_type == "Transpose"
+        for n in optimized
+    ), [n.op_type for n in optimized]
+    assert not any(
+        n.op_type == "FusedMatMul" and any(a.name == "transA" and a.i for a in n.attribute) for n in optimized
+    )
 
 
 def _int64_reduction(op: str) -> ort.InferenceSession:

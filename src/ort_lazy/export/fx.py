@@ -14,7 +14,7 @@ import torch
 import torch.fx
 
 from .. import _compat, metrics
-from ..runtime.quirks import EXACT_SIGMOID_FACT, exact_sigmoid
+from ..runtime.quirks import EXACT_SIGMOID_FACT, MATMUL_TRANSPOSES_FACT, exact_sigmoid, fuse_matmul_transposes
 from ..specs import TORCH_TO_ONNX, OrtModel, TensorSpec
 from . import attention
 from .cleanup import clean_up
@@ -563,14 +563,16 @@ def export_graph(
     _check_inferred_types(proto, out_specs, name, values)
     model_bytes = proto.SerializeToString()
     facts: dict[str, Any] = {}
-    if (providers or _CPU)[0] == _CPU[0] and not fast_math:
-        # ORT's CPU Sigmoid is an approximation: rewritten once here, not at each session
-        # (nor in a warm process, which would have to parse the model)
+    if (providers or _CPU)[0] == _CPU[0]:
+        # ORT's CPU Sigmoid is an approximation, its transposed products slow: rewritten once
+        # here, not at each session (nor in a warm process, which would have to parse the model)
         try:
-            model_bytes = exact_sigmoid(model_bytes, providers or _CPU)
+            if not fast_math:
+                model_bytes = exact_sigmoid(model_bytes, providers or _CPU)
+                facts[EXACT_SIGMOID_FACT] = True
+            model_bytes, facts[MATMUL_TRANSPOSES_FACT] = fuse_matmul_transposes(model_bytes, providers or _CPU)
         except Exception as e:
             raise ExportError(f"{name}: {e}") from e
-        facts[EXACT_SIGMOID_FACT] = True
     result = OrtModel(
         model_bytes=model_bytes,
         input_names=[i.name for i in proto.graph.input],

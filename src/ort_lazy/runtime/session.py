@@ -24,7 +24,14 @@ from ..options import Options, OptionsError, apply_session_options
 from ..specs import OrtModel, TensorSpec
 from . import _ort
 from .flavour import max_ir_version, onnxruntime
-from .quirks import EXACT_SIGMOID_FACT, disabled_optimizers, exact_sigmoid, model_vector_matmul
+from .quirks import (
+    EXACT_SIGMOID_FACT,
+    MATMUL_TRANSPOSES_FACT,
+    disabled_optimizers,
+    exact_sigmoid,
+    fuse_matmul_transposes,
+    model_vector_matmul,
+)
 from .threads import parking
 
 __all__ = [
@@ -278,13 +285,17 @@ def create_session(
             # fast_math keeps ORT's own
             done = options.fast_math or model.facts.get(EXACT_SIGMOID_FACT)
             exact = model.model_bytes if done else exact_sigmoid(model.model_bytes, providers)
+            # the CPU's slow transposed products: rewritten at export, else here
+            transposed_a = model.facts.get(MATMUL_TRANSPOSES_FACT)
+            if transposed_a is None:
+                exact, transposed_a = fuse_matmul_transposes(exact, providers)
             sess = ort.InferenceSession(
                 _clamp_ir_version(exact),
                 sess_options=so,
                 providers=list(providers),
                 provider_options=provider_opts,
                 disabled_optimizers=disabled_optimizers(
-                    model.model_bytes, providers, model_vector_matmul(model)
+                    model.model_bytes, providers, model_vector_matmul(model), transposed_a
                 ),
             )
     except OrtRunError:
