@@ -155,15 +155,16 @@ def _value_types(proto: Any) -> dict[str, int]:
     return _types_and_shapes(proto)[0]
 
 
-def _types_and_shapes(proto: Any) -> tuple[dict[str, int], dict[str, tuple[int | None, ...]]]:
+def _types_and_shapes(proto: Any, infer: bool = True) -> tuple[dict[str, int], dict[str, tuple[int | None, ...]]]:
     """ONNX element type and shape (None for a dim it cannot tell) of each value of ``proto``'s
-    graphs that inference can tell."""
+    graphs that inference can tell (``infer=False``: that the model itself records)."""
     import onnx
 
-    try:
-        proto = onnx.shape_inference.infer_shapes(proto)
-    except Exception:  # untyped values are left alone by the rewrites
-        pass
+    if infer:
+        try:
+            proto = onnx.shape_inference.infer_shapes(proto)
+        except Exception:  # untyped values are left alone by the rewrites
+            pass
     types: dict[str, int] = {}
     shapes: dict[str, tuple[int | None, ...]] = {}
 
@@ -204,8 +205,13 @@ def fuse_matmul_transposes(
     import onnx
 
     proto = onnx.load_from_string(model_bytes)
-    types, shapes = _types_and_shapes(proto)
-    plans = [plan for graph in _graphs(proto.graph) for plan in _transposed_products(graph, types, shapes)]
+    graphs = _graphs(proto.graph)
+    operands = {name for g in graphs for n in g.node if n.op_type == "MatMul" for name in n.input}
+    # ort-lazy's exports record every value's type and shape: inference only for other models
+    types, shapes = _types_and_shapes(proto, infer=False)
+    if not operands <= types.keys() & shapes.keys():
+        types, shapes = _types_and_shapes(proto)
+    plans = [plan for graph in graphs for plan in _transposed_products(graph, types, shapes)]
     if not any(slow for _, _, slow in plans):
         return model_bytes, False
     _fuse_transposes(proto, plans)
