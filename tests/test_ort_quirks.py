@@ -149,6 +149,8 @@ def test_models_without_slow_transposed_products_are_left_to_ort() -> None:
     assert fuse_matmul_transposes(model, ("CUDAExecutionProvider", "CPUExecutionProvider")) == (model, False)
     double = _transposed_products(TensorProto.DOUBLE)
     assert fuse_matmul_transposes(double) == (double, False)
+    unreadable = b"Transpose MatMul, but no model"  # a speed rewrite never fails a session
+    assert fuse_matmul_transposes(unreadable) == (unreadable, False)
 
 
 def test_a_linear_layers_weight_gradient_runs_unfused_and_right(tmp_path: Path) -> None:
