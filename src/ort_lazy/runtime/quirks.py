@@ -212,10 +212,14 @@ def fuse_matmul_transposes(
         types, shapes = _types_and_shapes(proto, infer=False)
         if not operands <= types.keys() & shapes.keys():
             types, shapes = _types_and_shapes(proto)
-        plans = [plan for graph in graphs for plan in _transposed_products(graph, types, shapes)]
-        if not any(slow for _, _, slow in plans):
+        plans = [(graph, _transposed_products(graph, types, shapes)) for graph in graphs]
+        if not any(slow for _, found in plans for _, slow in found):
             return model_bytes, False
-        _fuse_transposes(proto, plans)
+        for graph, found in plans:
+            if found:
+                _fuse_transposes(graph, found)
+        if not any(o.domain == "com.microsoft" for o in proto.opset_import):
+            proto.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
         return proto.SerializeToString(), True
     except Exception as e:  # a speed rewrite: a model it cannot read runs as it is, with ORT's fusion
         from .. import metrics
@@ -245,8 +249,8 @@ def _last_two_swapped(node: Any) -> int:
 
 def _transposed_products(
     graph: Any, types: dict[str, int], shapes: dict[str, tuple[int | None, ...]]
-) -> list[tuple[Any, Any, bool]]:
-    """``(graph, MatMul node, slow)`` for each float32 MatMul of ``graph`` fed by a Transpose of
+) -> list[tuple[Any, bool]]:
+    """``(MatMul node, slow)`` for each float32 MatMul of ``graph`` fed by a Transpose of
     its last two dims, both operands of rank 2 or more; ``slow``: its first operand is such a
     Transpose of a 2-D ``[k, m]`` tensor, the product's ``n`` is ``k`` or more and it has
     :data:`SLOW_TRANSPOSED_A_MACS` or more (see :data:`TRANSPOSED_A_MATMUL`)."""
@@ -269,40 +273,36 @@ def _transposed_products(
             if len(a) == 2 and b:
                 (k, m), n = a, b[-1]
                 slow = None not in (k, m, n) and n >= k and k * m * n >= SLOW_TRANSPOSED_A_MACS
-        found.append((graph, node, slow))
+        found.append((node, slow))
     return found
 
 
-def _fuse_transposes(proto: Any, plans: list[tuple[Any, Any, bool]]) -> None:
-    """Write each planned MatMul as a FusedMatMul reading its Transposes' inputs (a slow one's
-    2-D first operand stays transposed), and drop the Transposes nothing reads any more."""
+def _fuse_transposes(graph: Any, found: list[tuple[Any, bool]]) -> None:
+    """Write each of ``graph``'s planned MatMuls as a FusedMatMul reading its Transposes' inputs
+    (a slow one's 2-D first operand stays transposed), and drop the Transposes nothing reads any
+    more."""
     from onnx import helper
 
-    for graph in {id(g): g for g, _, _ in plans}.values():
-        producers = {out: node for node in graph.node for out in node.output}
-        for g, node, slow in plans:
-            if g is not graph:
-                continue
-            flags = {}
-            inputs = list(node.input)
-            for i, (name, flag) in enumerate(zip(node.input, ("transA", "transB"))):
-                transpose = producers.get(name)
-                if _last_two_swapped(transpose) and not (slow and i == 0):
-                    inputs[i] = transpose.input[0]
-                    flags[flag] = 1
-            if not flags:
-                continue
-            fused = helper.make_node(
-                "FusedMatMul", inputs, list(node.output), name=node.name, domain="com.microsoft", alpha=1.0, **flags
+    producers = {out: node for node in graph.node for out in node.output}
+    for node, slow in found:
+        flags = {}
+        inputs = list(node.input)
+        for i, (name, flag) in enumerate(zip(node.input, ("transA", "transB"))):
+            transpose = producers.get(name)
+            if _last_two_swapped(transpose) and not (slow and i == 0):
+                inputs[i] = transpose.input[0]
+                flags[flag] = 1
+        if flags:
+            node.CopyFrom(
+                helper.make_node(
+                    "FusedMatMul", inputs, list(node.output), name=node.name, domain="com.microsoft", alpha=1.0, **flags
+                )
             )
-            node.CopyFrom(fused)
-        uses = _uses(graph)
-        kept = [n for n in graph.node if not (_last_two_swapped(n) and not uses.get(n.output[0]))]
-        if len(kept) != len(graph.node):
-            del graph.node[:]
-            graph.node.extend(kept)
-    if not any(o.domain == "com.microsoft" for o in proto.opset_import):
-        proto.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    uses = _uses(graph)
+    kept = [n for n in graph.node if not (_last_two_swapped(n) and not uses.get(n.output[0]))]
+    if len(kept) != len(graph.node):
+        del graph.node[:]
+        graph.node.extend(kept)
 
 
 def _uses(graph: Any) -> dict[str, int]:
