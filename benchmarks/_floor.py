@@ -24,7 +24,7 @@ import torch
 from ort_lazy.runtime.quirks import disabled_optimizers
 from ort_lazy.runtime.session import NUMPY_TYPES
 
-__all__ = ["CapturedCall", "FloorRunner", "capture_regions", "export_floor", "recording"]
+__all__ = ["CapturedCall", "FloorRunner", "capture_regions", "export_floor", "least_backend", "recording"]
 
 
 
@@ -237,3 +237,46 @@ def export_floor(
         name="torch.onnx.export",
     )
     return FloorRunner([call], fresh_sessions=False)
+
+
+def least_backend(runner: FloorRunner, inputs: Sequence[torch.Tensor]) -> Callable[..., Any]:
+    """A dynamo backend that does per call only what any backend running ORT must: bind the
+    model's inputs (they may change between calls) and fresh outputs (a caller may keep the
+    last ones), run the session of ``runner`` (one region: :func:`export_floor`'s), return.
+
+    It reads nothing of the graph dynamo hands it but which graph inputs are the model's
+    (``inputs``, by identity at the first call): ``torch.compile`` with it costs dynamo's own
+    per-call work plus that binding, the least any ``torch.compile`` backend on ORT pays.
+    """
+    if runner.regions != 1:
+        raise ValueError("the least backend runs one ORT session")
+    call = runner.calls[0]
+    sess = runner.sessions[0]
+    binding = sess.io_binding()
+    outs = [(name, *_where(t), NUMPY_TYPES[t.dtype], t.dtype, list(t.shape), t.device) for name, t in zip(call.output_names, call.outputs)]
+    ins = [(name, *_where(t), NUMPY_TYPES[t.dtype], list(t.shape)) for name, t in zip(call.input_names, call.inputs)]
+    if len(ins) != len(inputs):
+        raise ValueError(f"the exported model takes {len(ins)} inputs, the model {len(inputs)}")
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        graph_outputs = len(next(n for n in gm.graph.nodes if n.op == "output").args[0])
+        if graph_outputs != len(outs):
+            raise ValueError(f"dynamo's graph returns {graph_outputs} values, the exported model {len(outs)}")
+        positions: list[int] = []
+
+        def run(*args: Any) -> tuple[torch.Tensor, ...]:
+            if not positions:
+                positions.extend(next(i for i, a in enumerate(args) if a is x) for x in inputs)
+            for (name, device, index, element_type, shape), i in zip(ins, positions):
+                binding.bind_input(name, device, index, element_type, shape, args[i].data_ptr())
+            results = []
+            for name, device, index, element_type, dtype, shape, where in outs:
+                out = torch.empty(shape, dtype=dtype, device=where)
+                binding.bind_output(name, device, index, element_type, shape, out.data_ptr())
+                results.append(out)
+            sess.run_with_iobinding(binding)
+            return tuple(results)
+
+        return run
+
+    return backend

@@ -126,16 +126,22 @@ def test_best_ort_mixed_int8_and_fast_rows(bench: ModuleType, tmp_path: Path) ->
     json_path = tmp_path / "bench.json"
     rc = bench.main([
         "--models", "mlp", "--modes", "inference",
-        "--backends", "eager,ort,best-ort,ort-int8,ort-fast,eager-mixed,ort-mixed",
+        "--backends", "eager,ort,best-ort,dynamo+best-ort,ort-int8,ort-fast,eager-mixed,ort-mixed",
         "--quick", "--no-memory", "--json", str(json_path), "--png", "",
     ])
     assert rc == 0
-    rows = {r["backend"]: r for r in json.loads(json_path.read_text(encoding="utf-8"))["rows"]}
+    data = json.loads(json_path.read_text(encoding="utf-8"))
+    rows = {r["backend"]: r for r in data["rows"]}
     for name, row in rows.items():
         assert row["status"] == "ok", (name, row["error"])
     assert "torch.onnx.export" in rows["best-ort"]["note"]
     assert rows["best-ort"]["max_abs_diff"] < 1e-4
     assert _finite(rows["ort"]["vs_best"]) and rows["best-ort"]["vs_best"] is None
+    least = rows["dynamo+best-ort"]  # dynamo's own cost over the best run: checked against eager too
+    assert least["max_abs_diff"] < 1e-4 and _finite(least["vs_best"]) and "best-ort's session" in least["note"]
+    targets = {t["target"]: t for t in data["targets"]}
+    mine = targets["MLP inference vs the least torch.compile backend on ORT"]
+    assert mine["value"] == pytest.approx(rows["ort"]["median_ms"] / least["median_ms"])
     for name in ("eager-mixed", "ort-mixed"):
         assert _finite(rows[name]["mixed_penalty"]), name
         assert "penalty" in rows[name]["note"], name
@@ -145,6 +151,31 @@ def test_best_ort_mixed_int8_and_fast_rows(bench: ModuleType, tmp_path: Path) ->
     assert rows["ort"]["max_rel_diff"] < 1e-5 and rows["ort"]["vs_ort"] is None
     fast = rows["ort-fast"]  # the MLP has no sigmoid or max pooling: the exact numbers
     assert _finite(fast["vs_ort"]) and "fp32 ort's speed" in fast["note"] and fast["max_rel_diff"] < 1e-5
+
+
+def test_the_least_backend_binds_every_call_and_returns_fresh_outputs(bench: ModuleType) -> None:
+    """``dynamo+best-ort``'s backend: ORT computes each call's own inputs (bound per call, not
+    once), into new tensors (the last call's result stays as it was), and it refuses a graph
+    whose outputs do not line up with the exported model's."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).eval()
+    x = torch.randn(3, 8)
+    runner = bench.export_floor(model, (x,), 1, optimize=True, default_options=True)
+    compiled = torch.compile(model, backend=bench.least_backend(runner, (x,)))
+    with torch.no_grad():
+        first = compiled(x)
+        kept = first.clone()
+        torch.testing.assert_close(first, model(x))
+        y = torch.randn(3, 8)  # another tensor (other memory): ORT must read it, not x
+        second = compiled(y)
+        torch.testing.assert_close(second, model(y))
+    assert second.data_ptr() != first.data_ptr() and torch.equal(first, kept)
+    torch._dynamo.reset()
+    two = torch.compile(lambda t: (model(t), model(t) * 2), backend=bench.least_backend(runner, (x,)))
+    with pytest.raises(Exception, match="returns 2 values"):
+        two(x)
 
 
 def test_zoo_models_are_known(bench: ModuleType) -> None:
