@@ -178,6 +178,35 @@ def test_the_least_backend_binds_every_call_and_returns_fresh_outputs(bench: Mod
         two(x)
 
 
+def test_kernel_comparison_runs_both_sides_on_the_same_values(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``benchmarks/kernels.py``: each kernel timed on ORT and in PyTorch on 1 and 2 threads,
+    the two results compared (a kernel computing something else would fail the run)."""
+    spec = importlib.util.spec_from_file_location("ort_lazy_kernels", BENCH.parent / "kernels.py")
+    assert spec is not None and spec.loader is not None
+    kernels = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = kernels  # its dataclasses look their module up
+    spec.loader.exec_module(kernels)
+    out = tmp_path / "kernels.json"
+    assert kernels.main(["--quick", "--threads", "2", "--json", str(out)]) == 0
+    results = json.loads(out.read_text(encoding="utf-8"))["results"]
+    assert {(r["kernel"], r["threads"]) for r in results} == {(k, t) for k in kernels.QUICK for t in (1, 2)}
+    for r in results:
+        assert _finite(r["ort_us"]) and _finite(r["torch_us"]) and _finite(r["ratio"]), r
+        assert r["max_abs_diff"] < 1e-3, r
+    assert "ORT/torch" in capsys.readouterr().out
+    wrong = kernels.Kernel("wrong", "MatMul", ((4, 8), (8, 4)))
+    wrong_torch = kernels.Kernel.torch_call  # PyTorch's side computing another product must be caught
+
+    def other(self: object, inputs: list, out: object) -> object:
+        return wrong_torch(self, [inputs[0] * 2, inputs[1]], out)
+
+    kernels.Kernel.torch_call = other  # type: ignore[method-assign]
+    try:
+        assert kernels.measure(wrong, 1, 1, 0.01).max_abs_diff > 1e-3
+    finally:
+        kernels.Kernel.torch_call = wrong_torch  # type: ignore[method-assign]
+
+
 def test_zoo_models_are_known(bench: ModuleType) -> None:
     assert {"bert", "gpt2", "resnet", "efficientnet", "vit", "ffn"} <= set(bench.known_models())
 
