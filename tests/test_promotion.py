@@ -146,6 +146,67 @@ def test_binary_ops_with_python_numbers(first: torch.dtype) -> None:
 
 
 
+#: Python's reflected operators: the number is the left operand (``1.0 - mask``, ``2 ** x``)
+REFLECTED: dict[str, Callable[[Any, Any], Any]] = {
+    "radd": lambda n, t: n + t,
+    "rsub": lambda n, t: n - t,
+    "rmul": lambda n, t: n * t,
+    "rtruediv": lambda n, t: n / t,
+    "rfloordiv": lambda n, t: n // t,
+    "rmod": lambda n, t: n % t,
+    "rpow": lambda n, t: n ** t,
+    "rand": lambda n, t: n & t,
+    "ror": lambda n, t: n | t,
+    "rxor": lambda n, t: n ^ t,
+    "rlshift": lambda n, t: n << t,
+    "rrshift": lambda n, t: n >> t,
+}
+#: left to PyTorch on purpose, with the reasons ort-lazy gives: integer powers (ORT computes them
+#: in floating point), ORT's missing kernels (``Where`` of int16 in a right shift, ``Add`` of
+#: bools), and uint8 shifts, whose translation is ill-typed (as with two tensors)
+_SHIFTS = ("no ORT kernel for these dtypes on this provider: Where(tensor(int16))", "the ONNX translation is ill-typed")
+_REFLECTED_IN_PYTORCH = {
+    "aten.pow.Scalar": ("integer powers are computed in floating point",),
+    "aten.bitwise_right_shift.Tensor": _SHIFTS,
+    "aten.bitwise_left_shift.Tensor": _SHIFTS,
+    "aten.add.Tensor": ("no ORT kernel for these dtypes on this provider: Add(tensor(bool))",),
+}
+
+
+@pytest.mark.parametrize("first", DTYPES, ids=str)
+def test_python_numbers_on_the_left(first: torch.dtype) -> None:
+    """``number <op> tensor`` as eager computes it, every op on ORT (``1.0 - attention_mask`` on
+    an integer mask, XLNet's, and ``3 // x`` were left to PyTorch: their decompositions put the
+    number where the exporter wants a tensor)."""
+    t = _make(first, (4, 5), 0)
+    if first.is_floating_point:
+        t = torch.where(t.abs() < 0.5, torch.ones_like(t), t)  # far from zero for // and %
+    cases = []
+    for kind, value in SCALARS.items():
+        for name, op in REFLECTED.items():
+            if ("shift" in name and first == torch.bool) or (first == torch.bool and name in ("rsub", "rpow")):
+                continue  # dynamo refuses these for bool tensors (every backend)
+            try:
+                op(value, t)
+            except (RuntimeError, TypeError, NotImplementedError, OverflowError):
+                continue
+            cases.append((kind, value, name))
+
+    def fn(t: torch.Tensor) -> list[Any]:
+        return [REFLECTED[name](value, t) for _, value, name in cases]
+
+    expected = fn(t)
+    torch._dynamo.reset()
+    metrics.reset()
+    got = compile_ort(fn)(t)
+    assert metrics.counters()["ort_runs"] >= 1, metrics.fallbacks()
+    failures = [f"{name}({kind}, {first}): {problem}" for (kind, _, name), g, e in zip(cases, got, expected)
+                if (problem := _same(g, e))]
+    unexplained = {op: reasons for op, reasons in metrics.fallbacks().items()
+                   if any(not any(known in r for known in _REFLECTED_IN_PYTORCH.get(op, ())) for r in reasons)}
+    assert not failures and not unexplained, "\n".join(failures) + f"\nleft to PyTorch: {unexplained}"
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_low_precision_arithmetic_on_python_floats_is_eager_exact_on_cpu(dtype: torch.dtype) -> None:
     """Eager's CPU kernels multiply and divide a float16/bfloat16 tensor by a Python float in

@@ -172,7 +172,9 @@ def _cat_into(base: torch.Tensor | None, like: torch.Tensor, sizes: Any, dim: in
     """``base`` (zeros of ``sizes`` when None) with ``src`` written at ``start`` along ``dim``.
 
     Built as one concatenation of [before, src, after]: ORT copies memory for it, where the
-    exporter's scatter translations (ScatterElements with an index tensor) cost ~10x more.
+    exporter's scatter translations (ScatterElements with an index tensor) cost ~10x more. The
+    result is contiguous, as the ops it stands for make theirs from a contiguous ``base`` or
+    from zeros (:func:`_layout_kept` says when a scatter's is not).
     """
     size = sizes[dim]
     length = src.shape[dim]
@@ -192,8 +194,18 @@ def _cat_into(base: torch.Tensor | None, like: torch.Tensor, sizes: Any, dim: in
     if not (_concrete(rest) and rest == 0):
         pieces.append(piece(start + length, rest))
     if len(pieces) == 1:
-        return src.clone()
-    return torch.cat(pieces, dim)
+        return src.clone(memory_format=torch.contiguous_format)
+    return torch.cat(pieces, dim).contiguous()
+
+
+def _layout_kept(base: torch.Tensor) -> bool:
+    """Whether a scatter into ``base`` returns a contiguous tensor, as :func:`_cat_into`'s is.
+
+    ``slice_scatter`` / ``select_scatter`` keep the layout of ``base`` (a permuted one included);
+    a concatenation in its place gave the traced graph other strides than eager's, and a
+    ``view`` that eager's layout allows failed to trace (Hugging Face's Funnel Transformer ran
+    wholly in PyTorch). Those keep PyTorch's decomposition."""
+    return base.is_contiguous()
 
 
 def _slice_start(start: Any, size: Any) -> Any:
@@ -210,7 +222,7 @@ def _slice_start(start: Any, size: Any) -> Any:
 def select_scatter(base: torch.Tensor, src: torch.Tensor, dim: int, index: int) -> Any:
     """``aten.select_scatter`` as a concatenation (exact)."""
     dim %= base.dim()
-    if not _concrete(index):
+    if not _concrete(index) or not _layout_kept(base):
         return NotImplemented
     if index < 0:
         index += base.shape[dim]
@@ -236,7 +248,7 @@ def slice_scatter(base: torch.Tensor, src: torch.Tensor, dim: int = 0, start: An
     """``aten.slice_scatter`` with step 1 as a concatenation (exact); other steps unchanged."""
     dim %= base.dim()
     begin = _slice_start(start, base.shape[dim])
-    if step != 1 or begin is None:
+    if step != 1 or begin is None or not _layout_kept(base):
         return NotImplemented
     return _cat_into(base, base, base.shape, dim, begin, src)
 
@@ -700,6 +712,29 @@ def xlogy(x: Any, y: Any) -> Any:
     x, y = x.to(dtype), y.to(dtype)
     product = torch.where(x == 0, torch.zeros_like(x * y), x * torch.log(y))
     return torch.where(torch.isnan(y), y.expand_as(product), product)
+
+
+def _left_number(number: Any, other: torch.Tensor) -> torch.Tensor:
+    """A Python number on the left of a binary op as the 0-d tensor of the type eager computes
+    the op in (``torch.result_type``: the number is a weak operand)."""
+    return torch.scalar_tensor(number, dtype=torch.result_type(number, other), device=other.device)
+
+
+def _number_on_the_left(op: Any, rewrite: Any = None) -> Any:
+    """``op`` with a Python number as ``self`` (``1.0 - mask`` decomposes to ``sub.Tensor(1.0,
+    mask)``, ``3 // x`` is ``floor_divide(3, x)``, ``2.5 % x`` is ``remainder.Scalar_Tensor``)
+    called again with that number as :func:`_left_number`'s tensor, so the rewrites that expect
+    a tensor there and the translation apply: the exporter has no overload for a number there
+    (such ops ran in PyTorch), and ``remainder`` / ``floor_divide`` of a number missed eager's
+    exact algorithms (``1e300 % x`` in float64 gave 0, ``1e300 // x`` in float16 inf for NaN).
+    Other calls go to ``rewrite`` (or stay as they are)."""
+
+    def decompose(a: Any, b: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(b, torch.Tensor) and not isinstance(a, torch.Tensor) and isinstance(a, (bool, int, float)):
+            return op(_left_number(a, b), b, *args, **kwargs)
+        return NotImplemented if rewrite is None else rewrite(a, b, *args, **kwargs)
+
+    return decompose
 
 
 def float_floor_divide(a: Any, b: Any) -> Any:
@@ -1245,9 +1280,13 @@ def native_batch_norm(
         return torch.ops.aten._native_batch_norm_legit_no_training.default(
             x, weight, bias, running_mean, running_var, momentum, eps
         )
-    return _torch_decomposition(
+    out, *stats = _torch_decomposition(
         torch.ops.aten.native_batch_norm.default, x, weight, bias, running_mean, running_var, training, momentum, eps
     )
+    # eager's kernel writes its output contiguous (channels-last for a channels-last input), the
+    # decomposition in the input's layout: a permuted input gave the traced graph other strides
+    fmt = torch._prims_common.suggest_memory_format(x)
+    return (out.contiguous(memory_format=fmt), *stats)
 
 
 def batch_norm_no_stats(x: torch.Tensor, *args: Any) -> Any:
@@ -1681,7 +1720,7 @@ DECOMPOSITIONS = {
     _aten.pow.Tensor_Tensor: promoted_power,
     _aten.div.Tensor_mode: floor_division_mode,
     _aten.div.Scalar_mode: floor_division_mode,
-    _aten.floor_divide.default: float_floor_divide,
+    _aten.floor_divide.default: _number_on_the_left(_aten.floor_divide.default, float_floor_divide),
     _aten.floor_divide.Scalar: float_floor_divide,
     _aten.sign.default: float_sign,
     _aten.clamp.default: clamp_scalars,
@@ -1717,7 +1756,7 @@ DECOMPOSITIONS = {
     _aten.lerp.Scalar: lerp_scalar,
     _aten.lerp.Tensor: _in_float32(_aten.lerp.Tensor),
     _aten.add.Tensor: _in_float32(_aten.add.Tensor, ("alpha",)),
-    _aten.sub.Tensor: _in_float32(_aten.sub.Tensor, ("alpha",)),
+    _aten.sub.Tensor: _number_on_the_left(_aten.sub.Tensor, _in_float32(_aten.sub.Tensor, ("alpha",))),
     _aten.embedding_renorm.default: embedding_renorm,
     _aten.hardsigmoid_backward.default: hardsigmoid_backward,
     _aten.addmm.default: _scaled_product(torch.mm),
@@ -1731,6 +1770,9 @@ DECOMPOSITIONS = {
     _aten.fmod.Scalar: fmod_scalar,
     _aten.remainder.Scalar: float_remainder,
     _aten.remainder.Tensor: float_remainder,
+    _aten.remainder.Scalar_Tensor: _number_on_the_left(_aten.remainder.Tensor),
+    _aten.bitwise_left_shift.Scalar_Tensor: _number_on_the_left(_aten.bitwise_left_shift.Tensor),
+    _aten.bitwise_right_shift.Scalar_Tensor: _number_on_the_left(_aten.bitwise_right_shift.Tensor),
     _aten.atan2.default: atan2,
     _aten.signbit.default: signbit,
     _aten.copysign.Tensor: copysign,
