@@ -88,7 +88,18 @@ def put(self: torch.Tensor, index: torch.Tensor, source: torch.Tensor, accumulat
     flat = self.reshape(-1)
     where = index.reshape(-1)
     where = torch.where(where < 0, where + flat.numel(), where)
-    return flat.index_put((where,), source.reshape(-1), accumulate).reshape(self.shape)
+    out = flat.index_put((where,), source.reshape(-1), accumulate).reshape(self.shape)
+    return in_layout_of(out, self)  # eager's result keeps self's strides
+
+
+def in_layout_of(out: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``out`` (contiguous, ``like``'s shape) in the dense layout of ``like`` (a permuted one), as
+    the eager op it stands for returns it: a traced graph with other strides than eager's fails
+    to trace views that eager's allow. Contiguous and other layouts come back unchanged."""
+    if like.is_contiguous() or not torch._prims_common.is_non_overlapping_and_dense_or_false(like):
+        return out
+    order = sorted(range(like.dim()), key=lambda d: (-like.stride(d), d))  # outermost first
+    return out.permute(order).contiguous().permute([order.index(d) for d in range(like.dim())])
 
 
 #: indexed reductions and writes as scatters (op -> decomposition)
