@@ -421,6 +421,15 @@ _MOBILEVIT = _batch_statistics(_hf(
 ), 64)  # convolutions around transformers over unfolded patches (interpolate, reshapes)
 
 
+_FUNNEL = _hf(
+    "FunnelForSequenceClassification", "FunnelConfig", vocab_size=VOCAB, block_sizes=[1, 1], num_decoder_layers=1,
+    d_model=32, n_head=2, d_head=16, d_inner=64, hidden_dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+    **_CLASSIFIER,
+)  # pooled blocks, relative positions shifted by a reshape of a slice written into a permuted tensor
+_XLNET = _hf(
+    "XLNetForSequenceClassification", "XLNetConfig", vocab_size=VOCAB, d_model=32, n_layer=2, n_head=2, d_inner=64,
+    dropout=0.0, summary_last_dropout=0.0, **_CLASSIFIER,
+)  # two-stream relative attention, ``1.0 - attention_mask`` on the integer mask
 _CLIP = _hf(
     "CLIPForImageClassification", "CLIPConfig",
     vision_config=dict(image_size=32, patch_size=8, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -516,6 +525,8 @@ CASES: dict[str, ModelCase] = {
         ModelCase("mobilevit", _MOBILEVIT, _image(64), _classes(10)),
         ModelCase("clip", _CLIP, _image(32), _classes(10)),
         ModelCase("efficientnet_hf", _EFFICIENTNET_HF, _image(32), _classes(10)),
+        ModelCase("funnel", _FUNNEL, _text(12, padded=True), _classes(5)),
+        ModelCase("xlnet", _XLNET, _text(12, padded=True), _classes(5)),
         ModelCase("densenet", _densenet, _image(32, "x"), _classes(10), outputs=(), family="timm"),
         ModelCase("mixer", _mixer, _image(64, "x"), _classes(10), outputs=(), family="timm"),
         ModelCase("poolformer", _poolformer, _image(64, "x"), _classes(10), outputs=(), family="timm"),
