@@ -84,7 +84,8 @@ HF_DECODERS = (
 CLASSIFIERS = (
     "bert", "distilbert", "vit", "resnet", "mobilenet", "convnext", "roberta", "albert", "efficientnet", "regnet", "swin",
     "electra", "deberta_v2", "wav2vec2", "segformer", "beit", "mobilevit", "clip", "densenet", "mixer", "poolformer", "deit",
-    "levit", "nfnet", "vgg", "ghostnet", "maxvit", "dla", "xception", "inception", "eva", "efficientnet_hf",
+    "levit", "nfnet", "vgg", "ghostnet", "maxvit", "dla", "xception", "inception", "eva", "efficientnet_hf", "funnel",
+    "xlnet",
 )
 
 
