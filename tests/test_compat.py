@@ -316,3 +316,14 @@ def test_aot_graphs_say_which_outputs_their_caller_reads() -> None:
     assert not any(seen["backward"] or []), seen  # gradients: laid out by autograd
     graph = torch.fx.symbolic_trace(lambda a: (a + 1, a * 2))
     assert _compat.returned_in_traced_layout(next(n for n in graph.graph.nodes if n.op == "output")) is None
+
+
+def test_layout_queries():
+    """``dense_layout`` and ``memory_format_of``: what the rewrites read to give their results
+    eager's strides."""
+    x = torch.randn(2, 3, 4, 5)
+    assert _compat.dense_layout(x) and _compat.dense_layout(x.permute(0, 2, 3, 1))
+    assert not _compat.dense_layout(x[:, :, ::2]) and not _compat.dense_layout(torch.randn(3, 1).expand(3, 4))
+    assert _compat.memory_format_of(x) == torch.contiguous_format
+    assert _compat.memory_format_of(x.contiguous(memory_format=torch.channels_last)) == torch.channels_last
+    assert _compat.memory_format_of(x.permute(0, 2, 1, 3)) == torch.contiguous_format

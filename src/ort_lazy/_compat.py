@@ -320,6 +320,21 @@ def size_hint(value: Any) -> int | None:
         return None
 
 
+def dense_layout(t: torch.Tensor) -> bool:
+    """Whether ``t``'s elements fill its memory without gaps or overlaps (any dim order)."""
+    from torch._prims_common import is_non_overlapping_and_dense_or_false
+
+    return bool(is_non_overlapping_and_dense_or_false(t))
+
+
+def memory_format_of(t: torch.Tensor) -> torch.memory_format:
+    """The memory format PyTorch's kernels give a new tensor computed from ``t`` (channels-last
+    for a channels-last input, else contiguous)."""
+    from torch._prims_common import suggest_memory_format
+
+    return suggest_memory_format(t)
+
+
 def new_fake_mode() -> Any:
     """A fresh FakeTensorMode (meta-only tensors carrying dtype/shape/device)."""
     from torch._subclasses.fake_tensor import FakeTensorMode

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from .. import _compat
 from .guards import _once
 
 __all__ = ["INDEXING_DECOMPOSITIONS"]
@@ -89,14 +90,14 @@ def put(self: torch.Tensor, index: torch.Tensor, source: torch.Tensor, accumulat
     where = index.reshape(-1)
     where = torch.where(where < 0, where + flat.numel(), where)
     out = flat.index_put((where,), source.reshape(-1), accumulate).reshape(self.shape)
-    return in_layout_of(out, self)  # eager's result keeps self's strides
+    return _in_layout_of(out, self)  # eager's result keeps self's strides
 
 
-def in_layout_of(out: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+def _in_layout_of(out: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """``out`` (contiguous, ``like``'s shape) in the dense layout of ``like`` (a permuted one), as
     the eager op it stands for returns it: a traced graph with other strides than eager's fails
     to trace views that eager's allow. Contiguous and other layouts come back unchanged."""
-    if like.is_contiguous() or not torch._prims_common.is_non_overlapping_and_dense_or_false(like):
+    if like.is_contiguous() or not _compat.dense_layout(like):
         return out
     order = sorted(range(like.dim()), key=lambda d: (-like.stride(d), d))  # outermost first
     return out.permute(order).contiguous().permute([order.index(d) for d in range(like.dim())])

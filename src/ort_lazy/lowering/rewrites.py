@@ -1285,8 +1285,7 @@ def native_batch_norm(
     )
     # eager's kernel writes its output contiguous (channels-last for a channels-last input), the
     # decomposition in the input's layout: a permuted input gave the traced graph other strides
-    fmt = torch._prims_common.suggest_memory_format(x)
-    return (out.contiguous(memory_format=fmt), *stats)
+    return (out.contiguous(memory_format=_compat.memory_format_of(x)), *stats)
 
 
 def batch_norm_no_stats(x: torch.Tensor, *args: Any) -> Any:
