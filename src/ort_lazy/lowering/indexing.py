@@ -18,7 +18,7 @@ import torch
 from .. import _compat
 from .guards import _once
 
-__all__ = ["INDEXING_DECOMPOSITIONS"]
+__all__ = ["INDEXING_DECOMPOSITIONS", "in_layout_of"]
 
 _aten = torch.ops.aten
 
@@ -90,10 +90,10 @@ def put(self: torch.Tensor, index: torch.Tensor, source: torch.Tensor, accumulat
     where = index.reshape(-1)
     where = torch.where(where < 0, where + flat.numel(), where)
     out = flat.index_put((where,), source.reshape(-1), accumulate).reshape(self.shape)
-    return _in_layout_of(out, self)  # eager's result keeps self's strides
+    return in_layout_of(out, self)  # eager's result keeps self's strides
 
 
-def _in_layout_of(out: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+def in_layout_of(out: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """``out`` (contiguous, ``like``'s shape) in the dense layout of ``like`` (a permuted one), as
     the eager op it stands for returns it: a traced graph with other strides than eager's fails
     to trace views that eager's allow. Contiguous and other layouts come back unchanged."""

@@ -28,7 +28,7 @@ from .. import _compat
 from ..support import float32_exact
 from .distances import DISTANCE_DECOMPOSITIONS
 from .guards import _once
-from .indexing import INDEXING_DECOMPOSITIONS
+from .indexing import INDEXING_DECOMPOSITIONS, in_layout_of
 from .order import ORDER_DECOMPOSITIONS
 from .padding import PADDING_DECOMPOSITIONS
 from .scans import SCAN_DECOMPOSITIONS
@@ -173,8 +173,8 @@ def _cat_into(base: torch.Tensor | None, like: torch.Tensor, sizes: Any, dim: in
 
     Built as one concatenation of [before, src, after]: ORT copies memory for it, where the
     exporter's scatter translations (ScatterElements with an index tensor) cost ~10x more. The
-    result is contiguous, as the ops it stands for make theirs from a contiguous ``base`` or
-    from zeros (:func:`_layout_kept` says when a scatter's is not).
+    result is contiguous, as the ``*_backward`` ops make theirs (from zeros); the scatters lay
+    it out as their ``base`` (:func:`~.indexing.in_layout_of`).
     """
     size = sizes[dim]
     length = src.shape[dim]
@@ -198,15 +198,6 @@ def _cat_into(base: torch.Tensor | None, like: torch.Tensor, sizes: Any, dim: in
     return torch.cat(pieces, dim).contiguous()
 
 
-def _layout_kept(base: torch.Tensor) -> bool:
-    """Whether a scatter into ``base`` returns a contiguous tensor, as :func:`_cat_into`'s is.
-
-    ``slice_scatter`` / ``select_scatter`` keep the layout of ``base`` (a permuted one included);
-    a concatenation in its place gave the traced graph other strides than eager's, and a
-    ``view`` that eager's layout allows failed to trace (Hugging Face's Funnel Transformer ran
-    wholly in PyTorch). Those keep PyTorch's decomposition."""
-    return base.is_contiguous()
-
 
 def _slice_start(start: Any, size: Any) -> Any:
     """``start`` of ``x[start:]`` along a dim of ``size`` as aten normalizes it, or None if unknown."""
@@ -220,13 +211,15 @@ def _slice_start(start: Any, size: Any) -> Any:
 
 
 def select_scatter(base: torch.Tensor, src: torch.Tensor, dim: int, index: int) -> Any:
-    """``aten.select_scatter`` as a concatenation (exact)."""
+    """``aten.select_scatter`` as a concatenation (exact), laid out as ``base`` as eager's is
+    (a concatenation's own layout failed the trace of a later ``view`` that eager's allows:
+    Hugging Face's Funnel Transformer ran wholly in PyTorch)."""
     dim %= base.dim()
-    if not _concrete(index) or not _layout_kept(base):
+    if not _concrete(index):
         return NotImplemented
     if index < 0:
         index += base.shape[dim]
-    return _cat_into(base, base, base.shape, dim, index, src.unsqueeze(dim))
+    return in_layout_of(_cat_into(base, base, base.shape, dim, index, src.unsqueeze(dim)), base)
 
 
 def _torch_decomposition(op: Any, *args: Any) -> Any:
@@ -245,12 +238,13 @@ def select_backward(grad: torch.Tensor, input_sizes: list[int], dim: int, index:
 
 
 def slice_scatter(base: torch.Tensor, src: torch.Tensor, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> Any:
-    """``aten.slice_scatter`` with step 1 as a concatenation (exact); other steps unchanged."""
+    """``aten.slice_scatter`` with step 1 as a concatenation (exact), laid out as ``base`` (see
+    :func:`select_scatter`); other steps unchanged."""
     dim %= base.dim()
     begin = _slice_start(start, base.shape[dim])
-    if step != 1 or begin is None or not _layout_kept(base):
+    if step != 1 or begin is None:
         return NotImplemented
-    return _cat_into(base, base, base.shape, dim, begin, src)
+    return in_layout_of(_cat_into(base, base, base.shape, dim, begin, src), base)
 
 
 def slice_backward(grad: torch.Tensor, input_sizes: list[int], dim: int, start: Any, end: Any, step: int) -> Any:
