@@ -396,11 +396,11 @@ def disabled_optimizers(
     the model when already known (else it is worked out here); ``transposed_a``: what
     :func:`fuse_matmul_transposes` said of it."""
     disabled = []
-    if providers and providers[0] == "CPUExecutionProvider" and b"LayerNormalization" in model_bytes:
+    cpu = bool(providers) and providers[0] == "CPUExecutionProvider"
+    if cpu and b"LayerNormalization" in model_bytes:
         disabled.append(SKIP_LAYER_NORM_FUSION)
     if b"Where" in model_bytes and b"Not" in model_bytes:
         disabled.append(NOT_WHERE_FUSION)
-    cpu = bool(providers) and providers[0] == "CPUExecutionProvider"
     if (transposed_a and cpu) or (has_vector_matmul(model_bytes) if vector_matmul is None else vector_matmul):
         disabled.append(MATMUL_TRANSPOSE_FUSION)
     return disabled
