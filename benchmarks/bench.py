@@ -311,9 +311,9 @@ def _build_dynamo_best_ort(case: Case) -> Prepared:
         raise ValueError("the best ORT run is measured for inference only")
     model = case.fresh_model()
     runner = export_floor(case.fresh_model(), case.inputs, case.threads, optimize=True, default_options=True)
-    compiled = torch.compile(model, backend=least_backend(runner, case.inputs))
-    first, out = _first_call(case, _make_step(case, compiled, model))
-    return Prepared(lambda: compiled(*case.inputs), first, out, note="torch.compile, binding and running best-ort's session")
+    step = _make_step(case, torch.compile(model, backend=least_backend(runner, case.inputs)), model)
+    first, out = _first_call(case, step)
+    return Prepared(step, first, out, note="torch.compile, binding and running best-ort's session")
 
 
 def _mixed(build: Callable[[Case], Prepared]) -> Callable[[Case], Prepared]:
