@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -69,12 +70,50 @@ def build_config() -> str:
     return config
 
 
-def compiler_flags(config: str, torch_version: str) -> list[str]:
-    """The flags the bridge is compiled with: language level, optimisation, torch version."""
+def _cxx_standard_in(text: str, pattern: str) -> int | None:
+    """The two-digit C++ standard ``pattern`` captures in ``text`` (``201703`` -> 17), else None."""
+    m = re.search(pattern, text)
+    if not m:
+        return None
+    value = m.group(1)
+    return int(value[2:4]) if len(value) == 6 else int(value)
+
+
+def torch_cxx_standard(torch_dir: Path | None = None) -> int:
+    """The C++ standard the bridge is compiled with, taken from the installed torch.
+
+    torch builds itself (and ``torch.utils.cpp_extension`` its extensions) with the standard
+    ``TorchConfig.cmake`` declares (``CXX_STANDARD 20`` on torch 2.13 and 2.14); its headers
+    refuse anything older than the one ``torch/all.h`` checks ``__cplusplus`` against (C++17 on
+    2.13, C++20 on 2.14). The larger of the two; C++17 when neither file can be read (no torch
+    has ever accepted less).
+    """
+    if torch_dir is None:
+        import torch
+
+        torch_dir = Path(torch.__file__).resolve().parent
+    found = [17]
+    for relative, pattern in (
+        ("share/cmake/Torch/TorchConfig.cmake", r"CXX_STANDARD\s+(\d+)"),
+        ("include/torch/csrc/api/include/torch/all.h", r"__cplusplus\s*<\s*(\d{6})L"),
+    ):
+        try:
+            standard = _cxx_standard_in((torch_dir / relative).read_text(errors="replace"), pattern)
+        except OSError:
+            continue
+        if standard is not None:
+            found.append(standard)
+    return max(found)
+
+
+def compiler_flags(config: str, torch_version: str, standard: int | None = None) -> list[str]:
+    """The flags the bridge is compiled with: language level (``standard``, default the
+    installed torch's: :func:`torch_cxx_standard`), optimisation, torch version."""
+    std = f"c++{standard or torch_cxx_standard()}"
     if sys.platform == "win32":
-        return ["/std:c++17", *MSVC_CONFIGS[config], f"/DORT_LAZY_TORCH_VERSION={torch_version}"]
+        return [f"/std:{std}", *MSVC_CONFIGS[config], f"/DORT_LAZY_TORCH_VERSION={torch_version}"]
     # Unquoted: bridge.cpp stringizes the macro (quotes would not survive the ninja file).
-    return ["-std=c++17", *CONFIGS[config], f"-DORT_LAZY_TORCH_VERSION={torch_version}", *openmp_flags()]
+    return [f"-std={std}", *CONFIGS[config], f"-DORT_LAZY_TORCH_VERSION={torch_version}", *openmp_flags()]
 
 
 def openmp_flags() -> list[str]:

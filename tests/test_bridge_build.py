@@ -13,9 +13,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,7 @@ from ort_lazy.frontends import jit as jit_frontend
 from ort_lazy.runtime import bridge as bridge_runtime
 
 ROOT = Path(__file__).resolve().parent.parent
+TORCH_DIR = Path(torch.__file__).resolve().parent
 BRIDGE_WANTED = os.environ.get("ORT_LAZY_BUILD_BRIDGE", "1") != "0"
 INSTALLED = jit_frontend.bridge_info()
 needs_bridge = pytest.mark.skipif(
@@ -231,11 +234,75 @@ def test_bridge_build_without_torch_says_how_to_go_pure(tmp_path: Path) -> None:
 
 
 def test_setup_py_flags_per_config() -> None:
+    std = f"-std=c++{setup_py.torch_cxx_standard()}"
     for config, flags in setup_py.CONFIGS.items():
         got = setup_py.compiler_flags(config, "2.13.0+cpu")
         if sys.platform != "win32":
-            assert got == ["-std=c++17", *flags, "-DORT_LAZY_TORCH_VERSION=2.13.0+cpu", *setup_py.openmp_flags()]
+            assert got == [std, *flags, "-DORT_LAZY_TORCH_VERSION=2.13.0+cpu", *setup_py.openmp_flags()]
     assert set(setup_py.CONFIGS) == set(build.CONFIGS) == set(setup_py.MSVC_CONFIGS)
+
+
+def _headers_minimum_standard() -> int:
+    """The oldest C++ standard the installed torch's headers accept, read here independently of
+    setup.py: ``torch/all.h`` stops the build with ``#error`` below it."""
+    text = (TORCH_DIR / "include/torch/csrc/api/include/torch/all.h").read_text()
+    checks = re.findall(r"__cplusplus\s*<\s*(\d{4})(\d{2})L", text)
+    assert checks, "torch/all.h no longer says which C++ standard it needs: read it again"
+    return max(int(year) for year, _ in checks) % 100
+
+
+def _standard_of(flags: list[str]) -> int:
+    stds = [f for f in flags if f.startswith(("-std=", "/std:"))]
+    assert len(stds) == 1, flags
+    return int(re.fullmatch(r"(?:-std=|/std:)(?:c|gnu)\+\+(\d+)", stds[0]).group(1))
+
+
+def test_setup_py_never_passes_an_older_standard_than_torch_needs() -> None:
+    """The language level comes from the installed torch: never below what its headers require
+    (C++17 on torch 2.13, C++20 on 2.14), nor below what torch builds its own extensions with."""
+    needed = _headers_minimum_standard()
+    for config in setup_py.CONFIGS:
+        assert _standard_of(setup_py.compiler_flags(config, torch.__version__)) >= needed
+    cmake = (TORCH_DIR / "share/cmake/Torch/TorchConfig.cmake").read_text()
+    own = re.search(r"CXX_STANDARD\s+(\d+)", cmake)
+    if own:
+        assert setup_py.torch_cxx_standard() >= int(own.group(1))
+    if INSTALLED:
+        assert _standard_of(INSTALLED["compiler_flags"]) >= needed
+
+
+def test_cxx_standard_is_read_from_torchs_files(tmp_path: Path) -> None:
+    """A torch whose headers ask for C++20 gets C++20 even if its CMake file says 17; one whose
+    files cannot be read gets C++17, the oldest any torch accepted."""
+    headers = tmp_path / "include/torch/csrc/api/include/torch"
+    headers.mkdir(parents=True)
+    (headers / "all.h").write_text("#if !defined(_MSC_VER) && __cplusplus < 202002L\n#error C++20\n#endif\n")
+    cmake = tmp_path / "share/cmake/Torch"
+    cmake.mkdir(parents=True)
+    (cmake / "TorchConfig.cmake").write_text("set_target_properties(torch PROPERTIES\n  CXX_STANDARD 17\n)\n")
+    assert setup_py.torch_cxx_standard(tmp_path) == 20
+    (headers / "all.h").write_text("#if __cplusplus < 201703L\n#error\n#endif\n")
+    assert setup_py.torch_cxx_standard(tmp_path) == 17
+    assert setup_py.torch_cxx_standard(tmp_path / "missing") == 17
+    assert _standard_of(setup_py.compiler_flags("Release", "x", 23)) == 23
+
+
+@pytest.mark.full
+@pytest.mark.skipif(not shutil.which("c++"), reason="no C++ compiler")
+def test_bridge_source_is_valid_at_the_oldest_standard_torch_accepts(tmp_path: Path) -> None:
+    """bridge.cpp compiles (syntax and templates) at the oldest standard the installed torch's
+    headers accept (C++17 on torch 2.13), not only at the one the build picks."""
+    from torch.utils import cpp_extension
+
+    includes = [f"-I{p}" for p in cpp_extension.include_paths()]
+    python = sysconfig.get_paths()["include"]
+    cmd = [
+        "c++", f"-std=c++{_headers_minimum_standard()}", "-fsyntax-only", "-fopenmp",
+        f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+        "-DORT_LAZY_TORCH_VERSION=x", *includes, f"-I{python}", str(ROOT / "cpp" / "bridge.cpp"),
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
 
 
 # --------------------------------------------------------------------------- clear errors
