@@ -297,9 +297,15 @@ def test_bridge_source_is_valid_at_the_oldest_standard_torch_accepts(tmp_path: P
     includes = [f"-I{p}" for p in cpp_extension.include_paths()]
     python = sysconfig.get_paths()["include"]
     cmd = [
-        "c++", f"-std=c++{_headers_minimum_standard()}", "-fsyntax-only", "-fopenmp",
+        "c++",
+        f"-std=c++{_headers_minimum_standard()}",
+        "-fsyntax-only",
+        "-fopenmp",
         f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-        "-DORT_LAZY_TORCH_VERSION=x", *includes, f"-I{python}", str(ROOT / "cpp" / "bridge.cpp"),
+        "-DORT_LAZY_TORCH_VERSION=x",
+        *includes,
+        f"-I{python}",
+        str(ROOT / "cpp" / "bridge.cpp"),
     ]
     out = subprocess.run(cmd, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]

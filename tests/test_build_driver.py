@@ -268,7 +268,11 @@ def test_plan_shards_workers_skip_tests_demo_torch_spec_and_index() -> None:
     ]
     assert plan["tests"] == {"shards": 4, "shard": 3, "workers": "3"}
     full = dry_run("--no_venv", "--skip_deps", "--test", "--full")
-    assert argv_of(step(full, "run the tests"))[7:10] == ["--opinfo=full", "--full-tier", "--max-worker-restart"]
+    assert argv_of(step(full, "run the tests"))[7:10] == [
+        "--opinfo=full",
+        "--full-tier",
+        "--max-worker-restart",
+    ]
     skipped = dry_run("--no_venv", "--skip_deps", "--test", "--skip_tests", "--enable_lazy_tensor")
     assert "run the tests" not in titles(skipped) and "install ort-lazy (editable)" in titles(skipped)
     demo = dry_run("--no_venv", "--skip_deps", "--demo")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import re
+import warnings
 from typing import Any
 
 import pytest
@@ -15,6 +17,81 @@ from ort_lazy import _compat
 def test_supported_torch_version():
     assert _compat.torch_version() in _compat.SUPPORTED_TORCH
     _compat.check_torch_version()
+    assert _compat.unsupported_torch_message() is None
+
+
+def test_supported_torch_is_a_consecutive_range():
+    """SUPPORTED_TORCH is what the declared ranges are derived from: oldest first, one minor
+    after another, so ``>=oldest,<newest+1`` admits exactly the versions checked."""
+    versions = _compat.SUPPORTED_TORCH
+    assert versions == tuple(sorted(set(versions)))
+    assert all(b == (a[0], a[1] + 1) for a, b in zip(versions, versions[1:])), versions
+    (low_major, low_minor), (high_major, high_minor) = versions[0], versions[-1]
+    assert _compat.supported_torch_range() == (f">={low_major}.{low_minor}", f"<{high_major}.{high_minor + 1}")
+
+
+def test_torch_version_reads_local_and_prerelease_versions():
+    assert _compat.torch_version("2.14.1+cu130") == (2, 14)
+    assert _compat.torch_version("2.15.0a0+git7c78410") == (2, 15)
+    assert _compat.torch_version("3.0.0") == (3, 0)
+
+
+def _older_and_newer() -> tuple[str, str]:
+    (low_major, low_minor), (high_major, high_minor) = _compat.SUPPORTED_TORCH[0], _compat.SUPPORTED_TORCH[-1]
+    return f"{low_major}.{low_minor - 1}.0+cpu", f"{high_major}.{high_minor + 1}.0+cpu"
+
+
+def test_unsupported_torch_message_names_the_supported_versions():
+    older, newer = _older_and_newer()
+    listed = ", ".join(f"{a}.{b}" for a, b in _compat.SUPPORTED_TORCH)
+    for major, minor in _compat.SUPPORTED_TORCH:
+        assert _compat.unsupported_torch_message(f"{major}.{minor}.1") is None
+    old = _compat.unsupported_torch_message(older)
+    new = _compat.unsupported_torch_message(newer)
+    assert old is not None and f"torch {older} is older" in old and listed in old
+    assert new is not None and f"torch {newer} is newer" in new and listed in new
+
+
+def test_check_torch_version_refuses_older_and_warns_once_on_newer(monkeypatch):
+    older, newer = _older_and_newer()
+    monkeypatch.setattr(torch, "__version__", older)
+    with pytest.raises(_compat.UnsupportedTorchError, match="older than ort-lazy supports"):
+        _compat.check_torch_version()
+    monkeypatch.setattr(torch, "__version__", newer)
+    monkeypatch.setattr(_compat, "_warned_newer", False)
+    with pytest.warns(_compat.UnsupportedTorchWarning, match=re.escape(f"torch {newer} is newer")):
+        _compat.check_torch_version()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _compat.check_torch_version()  # once per process: no second warning
+
+
+def test_is_fake_tensor_on_this_torch():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    real = torch.randn(2)
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(real)
+    assert _compat.is_fake_tensor(fake)
+    assert not _compat.is_fake_tensor(real) and not _compat.is_fake_tensor(torch.empty(2, device="meta"))
+    assert not _compat.is_fake_tensor(3)
+
+
+def test_is_fake_tensor_asks_torch_where_it_can_tell(monkeypatch):
+    """torch >= 2.14 answers for fakes that are no FakeTensor (C++ fakes); before, the class
+    is the test. Both branches, whichever torch runs."""
+    from torch._subclasses import fake_tensor
+
+    marked = torch.randn(2)
+    monkeypatch.setattr(fake_tensor, "is_fake_tensor", lambda x: x is marked, raising=False)
+    assert _compat.is_fake_tensor(marked) and not _compat.is_fake_tensor(torch.randn(2))
+    monkeypatch.delattr(fake_tensor, "is_fake_tensor")
+    with fake_tensor.FakeTensorMode() as mode:
+        fake = mode.from_tensor(torch.randn(2))
+    assert _compat.is_fake_tensor(fake) and not _compat.is_fake_tensor(marked)
+    if _compat.torch_version() >= (2, 14):
+        monkeypatch.undo()
+        assert callable(fake_tensor.is_fake_tensor)
 
 
 def test_exporter_registry_lists_translated_overloads():

@@ -14,7 +14,7 @@ import torch
 
 import ort_lazy
 from helpers import assert_close, assert_ran_on_ort, captured_exports, compile_ort
-from ort_lazy import cli, metrics
+from ort_lazy import _compat, cli, metrics
 from ort_lazy.debug.compare import MismatchError
 from ort_lazy.models import SmallCNN
 from ort_lazy.reasons import Reason, suggestion
@@ -264,6 +264,33 @@ def test_cli_info_json():
     assert kernels["read"] in ("in process", "child process") or kernels["read"].startswith("unavailable")
     if kernels["read"] == "in process":  # the CPU package: every CPU kernel, no provider library
         assert kernels["provider_libraries"] == [] and kernels["kernels"]["CPUExecutionProvider"] > 1000
+
+
+def test_cli_info_warns_on_a_torch_outside_the_supported_range(monkeypatch, capsys):
+    """``ort-lazy info`` says whether the running torch is supported; outside
+    ``_compat.SUPPORTED_TORCH`` it warns on stderr, and the JSON on stdout stays valid."""
+    assert cli.main(["info", "--json"]) == 0
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)
+    assert data["torch_supported"] is True and "torch_warning" not in data
+    assert "warning" not in captured.err
+
+    major, minor = _compat.SUPPORTED_TORCH[-1]
+    newer = f"{major}.{minor + 1}.0+cpu"
+    monkeypatch.setattr(torch, "__version__", newer)
+    assert cli.main(["info", "--json"]) == 0
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)
+    assert data["torch"] == newer and data["torch_supported"] is False
+    assert data["torch_warning"] == _compat.unsupported_torch_message(newer)
+    assert f"warning: torch {newer} is newer than the versions ort-lazy was checked against" in captured.err
+
+    major, minor = _compat.SUPPORTED_TORCH[0]
+    monkeypatch.setattr(torch, "__version__", f"{major}.{minor - 1}.0")
+    assert cli.main(["info"]) == 0
+    captured = capsys.readouterr()
+    assert f"warning: torch {major}.{minor - 1}.0 is older than ort-lazy supports" in captured.err
+    assert f"{'torch_supported':<22}False" in captured.out
 
 
 def test_cli_demo_runs_and_checks_parity(tmp_path):

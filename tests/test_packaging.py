@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from ort_lazy import _compat
+
 try:
     import tomllib
 except ImportError:  # Python 3.10: pytest depends on tomli there
@@ -31,6 +33,9 @@ WORKFLOW = ROOT / "ci" / "workflows" / "build.yml"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 #: pip name -> conda-forge name where they differ
 CONDA_NAMES = {"torch": "pytorch"}
+#: the supported torch versions every declaration follows
+SUPPORTED_TORCH = _compat.SUPPORTED_TORCH
+supported_torch_range = _compat.supported_torch_range
 
 
 def _load_build() -> Any:
@@ -355,6 +360,11 @@ def test_workflow_parses_and_has_the_jobs() -> None:
     assert "ruff check" in lint
 
 
+def supported_torches() -> list[str]:
+    """``_compat.SUPPORTED_TORCH`` as CI's matrix spells the versions: ``["2.13", "2.14"]``."""
+    return [f"{major}.{minor}" for major, minor in SUPPORTED_TORCH]
+
+
 def supported_pythons() -> list[str]:
     """The minor versions pyproject's requires-python (">=3.X,<3.Y") admits."""
     m = re.fullmatch(r">=3\.(\d+),<3\.(\d+)", PYPROJECT["project"]["requires-python"])
@@ -378,14 +388,28 @@ def test_workflow_test_matrix() -> None:
     wf = workflow()
     matrix = wf["jobs"]["test"]["strategy"]["matrix"]
     assert matrix["python"] == supported_pythons(), "CI runs the suite on every supported Python"
-    assert matrix["torch"] == ["2.13", "2.14"]
+    assert matrix["torch"] == supported_torches(), "CI runs the suite on every supported torch"
     assert {b["name"] for b in matrix["bridge"]} == {"on", "off"}
     assert "ubuntu-latest" in matrix["os"]
     assert any(inc["os"].startswith("windows") for inc in matrix["include"])
     shards = int(wf["env"]["SHARDS"])
     assert matrix["shard"] == list(range(shards))
     runs = build_py_invocations(wf["jobs"]["test"], wf["env"])
-    assert len(runs) == len(expand_matrix(matrix)) == len(supported_pythons()) * 2 * 2 * shards + 4
+    windows = [inc for inc in matrix["include"] if inc["os"].startswith("windows")]
+    following = [inc for inc in matrix["include"] if inc.get("next")]
+    assert len(runs) == len(expand_matrix(matrix))
+    assert len(runs) == len(supported_pythons()) * len(supported_torches()) * 2 * shards + len(windows) + len(
+        following
+    )
+    # Windows: one Python, every supported torch (the bridge on for some, off for others)
+    assert {inc["torch"] for inc in windows} == set(supported_torches())
+    assert {inc["bridge"]["name"] for inc in windows} == {"on", "off"}
+    # the next torch: the minor after the newest supported, both bridges, not required to pass
+    major, minor = SUPPORTED_TORCH[-1]
+    assert {inc["torch"] for inc in following} == {f"{major}.{minor + 1}"}
+    assert {inc["bridge"]["name"] for inc in following} == {"on", "off"}
+    assert wf["jobs"]["test"]["continue-on-error"] == "${{ matrix.next || false }}"
+    assert not any(inc.get("next") for inc in windows)
     covered: dict[tuple, set[int]] = {}
     for combo, args in runs:
         assert args.test and not args.skip_tests and args.shards == shards and args.shard == combo["shard"]
@@ -395,6 +419,27 @@ def test_workflow_test_matrix() -> None:
         key = (combo["os"], combo["python"], combo["torch"], combo["bridge"]["name"])
         covered.setdefault(key, set()).add(args.shard)
     assert all(s == set(range(shards)) for s in covered.values()), "every configuration runs every shard"
+
+
+def test_declared_torch_range_is_the_supported_one() -> None:
+    """pyproject's torch range, environment.yml's (checked against pyproject above), the README's
+    and the recipe's pinned build all follow ``_compat.SUPPORTED_TORCH``."""
+    low, high = supported_torch_range()
+    assert project_requirements()["torch"] == {low, high}
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    (pytorch,) = [
+        conda_requirement(d) for d in env["dependencies"] if isinstance(d, str) and d.startswith("pytorch ")
+    ]
+    assert pytorch[1] == {low, high}
+    versions = supported_torches()
+    listed = ", ".join(versions[:-1]) + " and " + versions[-1] if len(versions) > 1 else versions[0]
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"Supported torch: {listed} (`torch{low},{high}`)" in readme
+    pinned = build.TORCH_PIN.split("==")[1]
+    assert ".".join(pinned.split(".")[:2]) in versions, "build.py's default torch is a supported one"
+    assert yaml.safe_load(VARIANTS.read_text())["pytorch"] == [pinned], (
+        "the recipe builds on build.py's torch"
+    )
 
 
 def test_workflow_training_wheel_and_conda_jobs() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +21,10 @@ __all__ = [
     "static_int",
     "SUPPORTED_TORCH",
     "torch_version",
+    "supported_torch_range",
+    "unsupported_torch_message",
     "check_torch_version",
+    "is_fake_tensor",
     "onnx_registry",
     "onnx_implemented_overloads",
     "translate_fx_graph",
@@ -33,7 +37,10 @@ __all__ = [
     "returned_in_traced_layout",
 ]
 
-#: (major, minor) torch versions whose private exporter APIs this module was checked against.
+#: (major, minor) torch versions, oldest first and consecutive, whose private APIs (this
+#: module's, and the C++ ones cpp/bridge.cpp calls) were checked against their sources: the one
+#: source of the supported range that pyproject.toml, the README, the conda recipe and CI's
+#: matrix declare (tests/test_packaging.py checks that they agree with it).
 SUPPORTED_TORCH = ((2, 13), (2, 14))
 
 
@@ -335,6 +342,21 @@ def memory_format_of(t: torch.Tensor) -> torch.memory_format:
     return suggest_memory_format(t)
 
 
+def is_fake_tensor(value: Any) -> bool:
+    """Whether ``value`` is a fake tensor (metadata only, no storage to read).
+
+    torch 2.14 added ``is_fake_tensor``, true for a Python ``FakeTensor`` and for the C++ fake
+    tensors it introduces, which are no ``FakeTensor`` instances; before 2.14 the Python class is
+    the only kind.
+    """
+    from torch._subclasses import fake_tensor
+
+    check = getattr(fake_tensor, "is_fake_tensor", None)
+    if check is not None:  # torch >= 2.14
+        return bool(check(value))
+    return isinstance(value, fake_tensor.FakeTensor)
+
+
 def new_fake_mode() -> Any:
     """A fresh FakeTensorMode (meta-only tensors carrying dtype/shape/device)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -403,23 +425,65 @@ def transformer_encoder_fast_path() -> Any:
     return getattr(torch, "_transformer_encoder_layer_fwd", None)
 
 
-def torch_version() -> tuple[int, int]:
-    """(major, minor) of the running torch."""
-    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+def torch_version(version: str | None = None) -> tuple[int, int]:
+    """(major, minor) of ``version`` (a torch version string, ``2.14.1+cu130``), by default of
+    the running torch."""
+    text = torch.__version__ if version is None else version
+    major, minor = str(text).split("+")[0].split(".")[:2]
     return int(major), int(minor)
+
+
+def supported_torch_range() -> tuple[str, str]:
+    """The supported torch versions as a pip range's bounds: ``(">=2.13", "<2.15")``."""
+    (low_major, low_minor), (high_major, high_minor) = SUPPORTED_TORCH[0], SUPPORTED_TORCH[-1]
+    return f">={low_major}.{low_minor}", f"<{high_major}.{high_minor + 1}"
+
+
+def _supported_list() -> str:
+    return ", ".join(f"{major}.{minor}" for major, minor in SUPPORTED_TORCH)
+
+
+def unsupported_torch_message(version: str | None = None) -> str | None:
+    """Why torch ``version`` (by default the running one) is outside :data:`SUPPORTED_TORCH`,
+    or None when it is one of them."""
+    text = torch.__version__ if version is None else version
+    found = torch_version(text)
+    if found in SUPPORTED_TORCH:
+        return None
+    if found < SUPPORTED_TORCH[0]:
+        return f"torch {text} is older than ort-lazy supports (torch {_supported_list()}); it does not run on it"
+    return (
+        f"torch {text} is newer than the versions ort-lazy was checked against (torch {_supported_list()}): "
+        "the private torch APIs it uses may have changed there, so a failure may come from ort-lazy "
+        "rather than the model"
+    )
 
 
 class UnsupportedTorchError(RuntimeError):
     """The running torch lacks a private API ort-lazy depends on."""
 
 
+class UnsupportedTorchWarning(UserWarning):
+    """The running torch is newer than every version ort-lazy was checked against."""
+
+
+#: whether check_torch_version has warned of a newer torch in this process
+_warned_newer = False
+
+
 def check_torch_version() -> None:
-    """Raise :class:`UnsupportedTorchError` when torch is older than the oldest supported."""
-    if torch_version() < SUPPORTED_TORCH[0]:
-        raise UnsupportedTorchError(
-            f"ort-lazy needs torch >= {SUPPORTED_TORCH[0][0]}.{SUPPORTED_TORCH[0][1]}, "
-            f"found {torch.__version__}"
-        )
+    """Raise :class:`UnsupportedTorchError` when torch is older than the oldest supported;
+    warn (:class:`UnsupportedTorchWarning`, once per process) when it is newer than the newest."""
+    global _warned_newer
+    found = torch_version()
+    if found in SUPPORTED_TORCH:
+        return
+    message = unsupported_torch_message()
+    if found < SUPPORTED_TORCH[0]:
+        raise UnsupportedTorchError(message)
+    if not _warned_newer:
+        _warned_newer = True
+        warnings.warn(message, UnsupportedTorchWarning, stacklevel=2)
 
 
 def _exporter() -> Any:
@@ -436,7 +500,7 @@ def _exporter() -> Any:
     except ImportError as e:  # pragma: no cover - depends on torch layout
         raise UnsupportedTorchError(
             f"torch {torch.__version__}: the ONNX exporter internals moved ({e}); "
-            "ort-lazy supports torch " + ", ".join(f"{a}.{b}" for a, b in SUPPORTED_TORCH)
+            f"ort-lazy supports torch {_supported_list()}"
         ) from e
     return _constants, _core, _decomp, _fx_passes, _ir_passes, _registration
 

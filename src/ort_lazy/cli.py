@@ -18,17 +18,26 @@ __all__ = ["main", "info", "demo"]
 
 
 def info() -> dict[str, Any]:
-    """Versions, ORT flavour and providers, bridge state and CUDA availability."""
+    """Versions, ORT flavour and providers, bridge state and CUDA availability.
+
+    ``torch_supported`` says whether the running torch is one ort-lazy supports
+    (``_compat.SUPPORTED_TORCH``); when it is not, ``torch_warning`` says why, and the
+    ``ort-lazy info`` command prints it as a warning.
+    """
     import torch
 
+    from . import _compat
     from ._version import __version__
     from .runtime import flavour
 
     ort = flavour.onnxruntime()
+    unsupported = _compat.unsupported_torch_message()
     out: dict[str, Any] = {
         "ort_lazy": __version__,
         "python": platform.python_version(),
         "torch": torch.__version__,
+        "torch_supported": unsupported is None,
+        **({"torch_warning": unsupported} if unsupported else {}),
         "onnxruntime": ort.__version__,
         "onnxruntime_flavour": flavour.flavour(),
         "max_onnx_ir_version": flavour.max_ir_version(),
@@ -411,6 +420,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "info":
         data = info()
+        if "torch_warning" in data:  # on stderr: stdout stays the report (JSON with --json)
+            print(f"warning: {data['torch_warning']}", file=sys.stderr)
         if args.json:
             print(json.dumps(data, indent=2))
         else:

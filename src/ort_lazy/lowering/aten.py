@@ -311,7 +311,7 @@ def _module_state(gm: torch.nn.Module, example_inputs: Sequence[Any]) -> dict[in
         i: t
         for i, t in enumerate(example_inputs)
         if isinstance(t, torch.Tensor) and (isinstance(t, torch.nn.Parameter) or i in state)
-        and not isinstance(t, torch._subclasses.FakeTensor) and t.device.type != "meta"
+        and not _compat.is_fake_tensor(t) and t.device.type != "meta"
     }
 
 
