@@ -40,8 +40,13 @@ def test_env_sets_every_field():
         "ORT_LAZY_FAST_MATH": "yes",
         "ORT_LAZY_PARK_TORCH_THREADS": "0",
         "ORT_LAZY_TORCH_PREFERRED_OPS": "none",
+        "ORT_LAZY_EP_LIBRARIES": "MyExecutionProvider=/opt/lib/libmy_ep.so, onnxruntime_ep_openvino",
+        "ORT_LAZY_EP_DEVICE": "NPU",
+        "ORT_LAZY_EP_POLICY": "prefer-gpu",
     }
     o = Options.from_env(env)
+    assert o.ep_libraries == {"MyExecutionProvider": "/opt/lib/libmy_ep.so", "": "onnxruntime_ep_openvino"}
+    assert o.ep_device == "npu" and o.ep_policy == "prefer_gpu"
     assert o.providers == ("CPUExecutionProvider",)
     assert o.provider_options == {"CPUExecutionProvider": {"arena": "1"}}
     assert o.session_options == {"intra_op_num_threads": 2}

@@ -20,6 +20,8 @@ __all__ = [
     "counters",
     "reset",
     "fallbacks",
+    "ep_nodes",
+    "record_ep_nodes",
     "timings",
     "report",
     "increment",
@@ -166,6 +168,23 @@ def counters() -> dict[str, int]:
         return out
 
 
+_ep_nodes: collections.Counter[str] = collections.Counter()
+
+
+def record_ep_nodes(nodes: dict[str, int]) -> None:
+    """Count the nodes each execution provider took in a session just created."""
+    with _lock:
+        _ep_nodes.update(nodes)
+
+
+def ep_nodes() -> dict[str, int]:
+    """Nodes per execution provider over every session created (ORT's node assignment:
+    ``{"OpenVINOExecutionProvider": 41, "CPUExecutionProvider": 2}``); empty where the installed
+    onnxruntime cannot say (before 1.23)."""
+    with _lock:
+        return dict(_ep_nodes)
+
+
 def fallbacks() -> dict[str, dict[str, int]]:
     """Per op, how many times it was left to PyTorch for each reason."""
     with _lock:
@@ -205,6 +224,7 @@ def reset() -> None:
     with _lock:
         _counters.clear()
         _fallbacks.clear()
+        _ep_nodes.clear()
         _timings.clear()
         for values in _series.values():
             values.clear()
@@ -217,6 +237,12 @@ def report() -> str:
     lines = ["ort-lazy metrics", "counters:"]
     for name, value in sorted(counters().items()):
         lines.append(f"  {name:<22} {value}")
+    placed = ep_nodes()
+    if placed:
+        total = sum(placed.values())
+        lines.append("ONNX nodes per execution provider:")
+        for provider, n in sorted(placed.items(), key=lambda kv: -kv[1]):
+            lines.append(f"  {provider:<30} {n} ({n / total:.0%})")
     fb = fallbacks()
     lines.append("ops left to PyTorch:" if fb else "ops left to PyTorch: none")
     for op, reasons in fb.items():

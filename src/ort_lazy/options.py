@@ -24,6 +24,10 @@ __all__ = [
     "PRECISIONS",
     "TORCH_PREFERRED_OPS",
     "KNOWN_PROVIDERS",
+    "PROVIDER_ALIASES",
+    "DEVICE_TYPES",
+    "EP_POLICIES",
+    "canonical_provider",
     "ENV_PREFIX",
     "ENV_VARIABLES",
     "apply_session_options",
@@ -90,28 +94,61 @@ TORCH_PREFERRED_OPS = frozenset(
 #: every region in PyTorch; ``debug`` runs both and compares.
 RUN_TYPES = ("ort", "pytorch", "debug")
 
-#: Execution providers ort-lazy knows how to feed. Others are accepted when the installed
-#: onnxruntime reports them as available.
+#: Execution providers ort-lazy knows how to feed (``ort_lazy.runtime.providers.TRAITS`` says
+#: what each reads). Others are accepted when the installed onnxruntime reports them as
+#: available, or when a plugin library registered through ``ep_libraries`` provides them.
 KNOWN_PROVIDERS = (
     "CPUExecutionProvider",
     "CUDAExecutionProvider",
     "TensorrtExecutionProvider",
     "ROCMExecutionProvider",
+    "MIGraphXExecutionProvider",
     "DmlExecutionProvider",
     "OpenVINOExecutionProvider",
     "CoreMLExecutionProvider",
+    "QNNExecutionProvider",
+    "NnapiExecutionProvider",
+    "XnnpackExecutionProvider",
+    "WebGpuExecutionProvider",
+    "DnnlExecutionProvider",
+    "VitisAIExecutionProvider",
+    "RknpuExecutionProvider",
 )
 
-_PROVIDER_ALIASES = {
+#: Short names users write for the providers (case-insensitive).
+PROVIDER_ALIASES = {
     "cpu": "CPUExecutionProvider",
     "cuda": "CUDAExecutionProvider",
     "tensorrt": "TensorrtExecutionProvider",
     "trt": "TensorrtExecutionProvider",
     "rocm": "ROCMExecutionProvider",
+    "migraphx": "MIGraphXExecutionProvider",
     "dml": "DmlExecutionProvider",
+    "directml": "DmlExecutionProvider",
     "openvino": "OpenVINOExecutionProvider",
+    "ov": "OpenVINOExecutionProvider",
     "coreml": "CoreMLExecutionProvider",
+    "qnn": "QNNExecutionProvider",
+    "nnapi": "NnapiExecutionProvider",
+    "xnnpack": "XnnpackExecutionProvider",
+    "webgpu": "WebGpuExecutionProvider",
+    "dnnl": "DnnlExecutionProvider",
+    "vitisai": "VitisAIExecutionProvider",
+    "rknpu": "RknpuExecutionProvider",
 }
+
+#: Device types a plugin EP (or any provider ORT lists devices for) can be asked to run on
+#: (``ep_device``): ORT's ``OrtHardwareDeviceType`` names.
+DEVICE_TYPES = ("cpu", "gpu", "npu")
+
+#: ORT's device selection policies (``ep_policy``: ``OrtExecutionProviderDevicePolicy``).
+EP_POLICIES = ("default", "prefer_cpu", "prefer_gpu", "prefer_npu", "max_performance", "max_efficiency", "min_overall_power")
+
+
+def canonical_provider(name: str) -> str:
+    """ORT's name for a provider written as a short name (``openvino``) or as ORT's own."""
+    text = str(name).strip()
+    return PROVIDER_ALIASES.get(text.lower(), text)
 
 
 class OptionsError(ValueError):
@@ -125,8 +162,22 @@ class Options:
     Attributes:
         providers: ORT execution providers in priority order. ``None`` infers them from the
             device of the inputs: CUDA (then CPU) for CUDA tensors, CPU otherwise.
-        provider_options: per-provider option dicts, e.g. ``{"CUDAExecutionProvider":
-            {"device_id": "0"}}``.
+            Short names are accepted (``"openvino"``, ``"tensorrt,cuda,cpu"``:
+            :data:`PROVIDER_ALIASES`); the region's ONNX model is written in the form every
+            provider of the list reads (``ort_lazy.runtime.providers.region_form``).
+        provider_options: per-provider option dicts, keyed by ORT's name or a short name, e.g.
+            ``{"cuda": {"device_id": "0"}}``, ``{"openvino": {"device_type": "GPU"}}``.
+        ep_libraries: plugin execution providers (ORT 1.23+) to register: registration name ->
+            library path or an installed package that ships one (``get_library_path()``), e.g.
+            ``{"OpenVINOExecutionProvider": "onnxruntime_ep_openvino"}``; a plain string names
+            one package (its ``get_ep_name()`` names it). Sessions then choose their providers
+            through ORT's EP device API; ``providers`` defaults to the plugins' names, then CPU.
+        ep_device: run on the devices of this type (:data:`DEVICE_TYPES`: ``cpu``, ``gpu``,
+            ``npu``) that ORT lists for the providers (``onnxruntime.get_ep_devices()``); a
+            provider with no such device is an error, never a silent move to another one.
+        ep_policy: let ORT choose the devices by policy (:data:`EP_POLICIES`, e.g.
+            ``prefer_gpu``) among every provider it lists devices for, when no ``providers``
+            are given.
         session_options: ORT ``SessionOptions`` attributes (``intra_op_num_threads``,
             ``graph_optimization_level`` ...) or session config entries (keys with a dot,
             e.g. ``session.intra_op.allow_spinning``).
@@ -188,6 +239,9 @@ class Options:
 
     providers: tuple[str, ...] | None = None
     provider_options: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    ep_libraries: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    ep_device: str | None = None
+    ep_policy: str | None = None
     session_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     min_block_size: int = 1
     torch_executed_ops: frozenset[str] = frozenset()
@@ -211,9 +265,19 @@ class Options:
 
     def __post_init__(self) -> None:
         _set = object.__setattr__
+        _set(self, "ep_libraries", _parse_libraries(self.ep_libraries))
         if self.providers is not None:
-            _set(self, "providers", _parse_providers(self.providers, "providers"))
-        _set(self, "provider_options", _parse_mapping(self.provider_options, "provider_options"))
+            _set(self, "providers", _parse_providers(self.providers, "providers", plugins=tuple(self.ep_libraries)))
+        _set(self, "provider_options", _parse_provider_options(self.provider_options))
+        for name, accepted in (("ep_device", DEVICE_TYPES), ("ep_policy", EP_POLICIES)):
+            value = getattr(self, name)
+            if value is not None and str(value).strip() != "":
+                text = str(value).strip().lower().replace("-", "_")
+                if text not in accepted:
+                    raise OptionsError(f"{name}: unknown value {value!r}; accepted: {', '.join(accepted)}")
+                _set(self, name, text)
+            else:
+                _set(self, name, None)
         _set(self, "session_options", _parse_mapping(self.session_options, "session_options"))
         if self.session_options:
             _check_session_options(self.session_options)
@@ -299,6 +363,9 @@ class Options:
         return (
             self.providers,
             json.dumps(self.provider_options, sort_keys=True, default=str),
+            json.dumps(self.ep_libraries, sort_keys=True),
+            self.ep_device,
+            self.ep_policy,
             json.dumps(self.session_options, sort_keys=True, default=str),
             self.freeze_weights,
             self.prepack_weights,
@@ -339,21 +406,60 @@ def _parse_tolerance(value: Any, name: str) -> float:
     return result
 
 
-def _parse_providers(value: Any, name: str) -> tuple[str, ...]:
+def _parse_providers(value: Any, name: str, plugins: tuple[str, ...] = ()) -> tuple[str, ...]:
     items = value.split(",") if isinstance(value, str) else list(value)
     out: list[str] = []
     for item in items:
         item = str(item).strip()
         if not item:
             continue
-        canonical = _PROVIDER_ALIASES.get(item.lower(), item)
-        if canonical not in KNOWN_PROVIDERS and canonical not in _available_providers():
-            accepted = ", ".join(sorted(set(KNOWN_PROVIDERS) | set(_PROVIDER_ALIASES)))
-            raise OptionsError(f"{name}: unknown execution provider {item!r}; accepted: {accepted}")
-        out.append(canonical)
+        canonical = canonical_provider(item)
+        if canonical not in KNOWN_PROVIDERS and canonical not in plugins and canonical not in _available_providers():
+            accepted = ", ".join(sorted(set(KNOWN_PROVIDERS) | set(PROVIDER_ALIASES)))
+            close = difflib.get_close_matches(item.lower(), [*PROVIDER_ALIASES, *(p.lower() for p in KNOWN_PROVIDERS)], n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise OptionsError(
+                f"{name}: unknown execution provider {item!r}; {hint}accepted: {accepted} (a plugin EP's "
+                "name is accepted with ep_libraries naming its library)"
+            )
+        if canonical not in out:
+            out.append(canonical)
     if not out:
         raise OptionsError(f"{name}: expected at least one execution provider")
     return tuple(out)
+
+
+def _parse_provider_options(value: Any) -> dict[str, Any]:
+    """``provider_options`` with every key ORT's provider name (short names accepted)."""
+    mapping = _parse_mapping(value, "provider_options")
+    out: dict[str, Any] = {}
+    for key, opts in mapping.items():
+        if not isinstance(opts, Mapping):
+            raise OptionsError(f"provider_options: {key!r} must map to a dict of that provider's options, got {opts!r}")
+        out[canonical_provider(key)] = {str(k): v for k, v in opts.items()}
+    return out
+
+
+def _parse_libraries(value: Any) -> dict[str, str]:
+    """``ep_libraries``: a mapping name -> library or package, a JSON object, or a string of
+    ``name=source`` / ``source`` items separated by commas (an empty name: the package names it)."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("{"):
+            value = _parse_mapping(text, "ep_libraries")
+        else:
+            value = {}
+            for item in filter(None, (i.strip() for i in text.split(","))):
+                name, sep, source = item.partition("=")
+                value[canonical_provider(name.strip()) if sep else ""] = (source if sep else name).strip()
+    if not isinstance(value, Mapping):
+        raise OptionsError(f"ep_libraries: expected a mapping of EP name to library path or package, got {value!r}")
+    out: dict[str, str] = {}
+    for name, source in value.items():
+        if not isinstance(source, str) or not source.strip():
+            raise OptionsError(f"ep_libraries: {name!r} must name a library path or package, got {source!r}")
+        out[canonical_provider(name) if name else ""] = source.strip()
+    return out
 
 
 def _available_providers() -> list[str]:

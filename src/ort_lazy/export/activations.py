@@ -14,7 +14,9 @@ translation (float64 and the half types are rewritten before export:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -22,16 +24,32 @@ import torch
 from .. import _compat
 from .emitter import translation_emitter
 
-__all__ = ["TRANSLATIONS"]
+__all__ = ["TRANSLATIONS", "contrib_ops"]
 
 _aten = torch.ops.aten
 
+#: whether this translation may emit ORT's ``com.microsoft`` ops (off for providers that read
+#: standard ONNX only: :class:`ort_lazy.runtime.providers.RegionForm`)
+_CONTRIB: contextvars.ContextVar[bool] = contextvars.ContextVar("ort_lazy_contrib_ops", default=True)
+
+
+@contextlib.contextmanager
+def contrib_ops(on: bool) -> Iterator[None]:
+    """Translate activations inside the block as ORT's fused contrib ops (``on``) or as standard
+    ONNX."""
+    token = _CONTRIB.set(on)
+    try:
+        yield
+    finally:
+        _CONTRIB.reset(token)
+
 
 def gelu(x: Any, approximate: str = "none") -> Any:
-    """``aten.gelu``: ORT's ``FastGelu`` for the float32 tanh form, else the exporter's own."""
+    """``aten.gelu``: ORT's ``FastGelu`` for the float32 tanh form (where contrib ops may be
+    emitted), else the exporter's own."""
     import onnx_ir as ir
 
-    if approximate != "tanh" or x.dtype != ir.DataType.FLOAT:
+    if approximate != "tanh" or x.dtype != ir.DataType.FLOAT or not _CONTRIB.get():
         return _compat.library_translation(_aten.gelu.default)(x, approximate=approximate)
     e = translation_emitter("gelu")
     out = e.op("FastGelu", x, domain="com.microsoft")

@@ -14,9 +14,11 @@ import torch
 import torch.fx
 
 from .. import _compat, metrics
+from ..runtime.providers import RegionForm, region_form
 from ..runtime.quirks import EXACT_SIGMOID_FACT, MATMUL_TRANSPOSES_FACT, exact_sigmoid, fuse_matmul_transposes
 from ..specs import TORCH_TO_ONNX, OrtModel, TensorSpec
 from . import attention
+from .activations import contrib_ops
 from .cleanup import clean_up
 from .half import float32_products, narrow_to_float16
 from .pooling import checked, nan_rule
@@ -88,6 +90,9 @@ def translate(
 
     With ``providers``, float16 / bfloat16 nodes those providers have no kernel for are
     computed in float32 between casts, per op (:func:`~ort_lazy.export.widen.widen_low_precision`).
+    The model is written in the form every provider of ``providers`` reads
+    (:func:`~ort_lazy.runtime.providers.region_form`: no contrib ops or fused ``Attention``
+    for providers that read standard ONNX only; :func:`for_providers` finishes the form).
     With ``checks``, translations whose exact form would cost ORT speed on every call for a
     rare input (max pooling's NaN rule, :func:`~ort_lazy.export.pooling.checked`) take the fast
     form and add a boolean output named :data:`CHECK_PREFIX` ``<i>`` after the graph's own
@@ -96,7 +101,9 @@ def translate(
     gm = _prepare(gm, providers)
     scalars = _exact_double_scalars(gm)
     register_own_translations(_compat.onnx_registry())
-    model, flags = _translated(gm, name, providers, checks, fused_attention=True)
+    form = region_form(tuple(providers) if providers else None)
+    with contrib_ops(form.contrib_ops):
+        model, flags = _translated(gm, name, providers, checks, fused_attention=form.fused_attention)
     for i, flag in enumerate(flags):
         flag.name = f"{CHECK_PREFIX}{i}"
         model.graph.outputs.append(flag)
@@ -519,9 +526,10 @@ def export_graph(
     start = time.perf_counter()
     constants = constants or {}
     try:
+        form = region_form(tuple(providers) if providers else None)
         with nan_rule(not fast_math):
-            cpu = (providers or _CPU)[0] == _CPU[0]
-            model = translate(gm, name, providers, checks=checked and CHECKED_FORMS_ON_CPU and cpu)
+            # check flags are read after each run: free where the outputs are host memory
+            model = translate(gm, name, providers, checks=checked and CHECKED_FORMS_ON_CPU and form.host_outputs)
         fused = sum(1 for node in model.graph.all_nodes() if node.op_type == "Attention" and node.domain == "")
         if fused:
             metrics.increment("fused_attention", fused)
@@ -545,6 +553,7 @@ def export_graph(
         _drop_unused_optional_outputs(proto)
         if precision == "int8-dynamic" and constants and not shared:
             proto = quantize_dynamic_int8(proto)
+        proto = for_providers(proto, form)
     except Exception as e:
         raise ExportError(f"{name}: {e}") from e
     placeholders = [n for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder") if i not in constants]
@@ -596,6 +605,74 @@ def export_graph(
 #: optional trailing outputs that cost ORT work even when nothing reads them
 #: (MaxPool's Indices make ORT take its generic kernel: 4.1 vs 0.3 ms on 16x16x64x64)
 _OPTIONAL_OUTPUTS = {("", "MaxPool"): 1}
+
+
+def for_providers(proto: Any, form: RegionForm) -> Any:
+    """``proto`` in ``form`` (:class:`~ort_lazy.runtime.providers.RegionForm`): local functions
+    inlined, the default domain's opset within the providers' bound, and every value typed
+    (element type and shape in ``value_info``, the translator's own annotations kept, ONNX's
+    inference for the rest). Unchanged for ORT's own kernel providers.
+
+    Raises:
+        ExportError: the model needs a newer opset than the providers read, or a value's type
+            cannot be inferred.
+    """
+    import onnx
+    import onnx.inliner
+
+    if form.own:
+        return proto
+    if form.inline_functions and len(proto.functions):
+        proto = onnx.inliner.inline_local_functions(proto)
+        del proto.functions[:]
+        used = {n.domain for n in _all_nodes(proto.graph)}
+        keep = [o for o in proto.opset_import if o.domain in ("", "ai.onnx") or o.domain in used]
+        del proto.opset_import[:]
+        proto.opset_import.extend(keep)
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+    if form.max_opset is not None and opset is not None and opset > form.max_opset:
+        raise ExportError(
+            f"{proto.graph.name}: the model needs ONNX opset {opset}, the providers read up to {form.max_opset}"
+        )
+    if form.typed_values:
+        proto = _typed_values(proto)
+    return proto
+
+
+def _all_nodes(graph: Any) -> Any:
+    """Every node of ``graph`` and of its subgraphs (``If``/``Loop``/``Scan`` bodies)."""
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.g.node:
+                yield from _all_nodes(attr.g)
+            for g in attr.graphs:
+                yield from _all_nodes(g)
+
+
+def _typed_values(proto: Any) -> Any:
+    """``proto`` with an element type and a shape in ``value_info`` for every value its nodes
+    make (the translator's annotations kept; ONNX's inference for the others)."""
+    import onnx
+
+    inferred = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
+    found = {v.name: v for v in inferred.graph.value_info}
+    outputs = {o.name for o in proto.graph.output}
+    kept = []
+    for v in proto.graph.value_info:
+        better = found.pop(v.name, None)
+        complete = v.type.tensor_type.elem_type and v.type.tensor_type.HasField("shape")
+        kept.append(v if complete or better is None else better)
+    kept += [v for name, v in found.items() if name not in outputs]
+    del proto.graph.value_info[:]
+    proto.graph.value_info.extend(kept)
+    typed = {
+        v.name for v in proto.graph.value_info if v.type.tensor_type.elem_type and v.type.tensor_type.HasField("shape")
+    } | {o.name for o in proto.graph.output}
+    untyped = [out for node in proto.graph.node for out in node.output if out and out not in typed]
+    if untyped:
+        raise ExportError(f"{proto.graph.name}: no type or rank can be inferred for {untyped[:3]}")
+    return proto
 
 
 def _drop_unused_optional_outputs(proto: Any) -> None:

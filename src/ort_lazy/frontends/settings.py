@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..options import Options, OptionsError
-from ..runtime.flavour import provider_problem
+from ..runtime import providers as eps
+from ..runtime.flavour import onnxruntime, provider_problem
 
 __all__ = ["resolve_options"]
 
@@ -42,8 +43,27 @@ def resolve_options(options: Options | Mapping[str, Any] | None = None, /, **ove
             f"options: expected a mapping of option names to values (or an ort_lazy.Options), "
             f"got {type(options).__name__} {options!r:.80}; e.g. options={{'min_block_size': 2}}"
         )
-    if opts.providers is not None:
+    return _with_installed_providers(opts)
+
+
+def _with_installed_providers(opts: Options) -> Options:
+    """``opts`` checked against the installation: plugin libraries registered (their providers
+    the default list), every provider asked for present (in the flavour, or as a device of the
+    EP device API). Raises :class:`OptionsError` saying how to get what is missing."""
+    if opts.ep_libraries:
+        names = list(eps.register_libraries(opts.ep_libraries))
+        if opts.providers is None:
+            opts = opts.replace(providers=(*names, eps.CPU))
+    elif opts.ep_policy and opts.providers is None:
+        # ORT picks among every provider it lists devices for: the region must suit them all
+        listed = dict.fromkeys(d.ep_name for d in onnxruntime().get_ep_devices() if d.ep_name != eps.CPU)
+        opts = opts.replace(providers=(*listed, eps.CPU))
+    if opts.providers is None:
+        return opts
+    if eps.uses_device_api(opts):
+        problem = eps.device_problem(opts, opts.providers)
+    else:
         problem = provider_problem(opts.providers)
-        if problem is not None:
-            raise OptionsError(f"providers: {problem}")
+    if problem is not None:
+        raise OptionsError(f"providers: {problem}")
     return opts

@@ -9,6 +9,7 @@ needs, so a change in onnxruntime fails in one place with a clear message.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 from .flavour import OrtUnavailableError, onnxruntime
@@ -22,6 +23,7 @@ __all__ = [
     "KernelDefsUnavailableError",
     "provider_libraries",
     "kernel_defs",
+    "READ_APART",
     "ortvalue_of",
 ]
 
@@ -77,12 +79,15 @@ def provider_libraries() -> list[str]:
     """The execution-provider libraries the installed onnxruntime loads on demand (CUDA,
     TensorRT, ROCm, OpenVINO ...; none in the CPU package)."""
     import glob
-    import os
 
     folder = os.path.dirname(c_api().__file__)
     found = glob.glob(os.path.join(folder, "*onnxruntime_providers_*"))
     return sorted(f for f in found if "providers_shared" not in os.path.basename(f))
 
+
+#: onnxruntime flavours with provider libraries whose kernel list is read in a child process
+#: (the others are never listed: see :func:`kernel_defs`)
+READ_APART = frozenset({"onnxruntime-gpu"})
 
 # Run in a child process: reads every provider's kernels and prints them as JSON.
 _READ_KERNELS = """
@@ -102,14 +107,21 @@ def kernel_defs() -> list[KernelDef]:
     libraries are therefore read in a child process. Raises
     :class:`KernelDefsUnavailableError` when that child fails.
     """
-    if not provider_libraries():
+    libraries = provider_libraries()
+    if not libraries:
         return [KernelDef.of(d) for d in c_api().get_all_opkernel_def()]
+    from .flavour import flavour
+
+    if flavour() not in READ_APART:
+        raise KernelDefsUnavailableError(
+            f"{flavour()} builds in execution providers ({', '.join(os.path.basename(p) for p in libraries)}) "
+            "that may not survive the listing; it is not attempted"
+        )
     return _kernel_defs_apart(_READ_KERNELS)
 
 
 def _kernel_defs_apart(code: str) -> list[KernelDef]:
     import json
-    import os
     import signal
     import subprocess
     import sys

@@ -13,7 +13,15 @@ from types import ModuleType
 
 __all__ = ["OrtUnavailableError", "onnxruntime", "flavour", "ort_version", "max_ir_version", "provider_problem"]
 
-_FLAVOURS = ("onnxruntime-training", "onnxruntime-gpu", "onnxruntime")
+_FLAVOURS = (
+    "onnxruntime-training",
+    "onnxruntime-gpu",
+    "onnxruntime-openvino",
+    "onnxruntime-directml",
+    "onnxruntime-qnn",
+    "onnxruntime-rocm",
+    "onnxruntime",
+)
 
 #: The onnxruntime flavour that has an execution provider, and how to get it.
 _PROVIDER_SOURCES = {
@@ -21,7 +29,13 @@ _PROVIDER_SOURCES = {
     "TensorrtExecutionProvider": ("onnxruntime-gpu", "python build.py --use_cuda (or pip install onnxruntime-gpu in place of onnxruntime)"),
     "ROCMExecutionProvider": ("onnxruntime-rocm", "pip install onnxruntime-rocm in place of onnxruntime"),
     "DmlExecutionProvider": ("onnxruntime-directml", "pip install onnxruntime-directml in place of onnxruntime (Windows)"),
-    "OpenVINOExecutionProvider": ("onnxruntime-openvino", "pip install onnxruntime-openvino in place of onnxruntime"),
+    "OpenVINOExecutionProvider": (
+        "onnxruntime-openvino",
+        "python build.py --use_openvino (or pip install onnxruntime-openvino in place of onnxruntime); on Intel "
+        "CPUs, GPUs and NPUs also as a plugin beside onnxruntime: pip install onnxruntime-ep-openvino and "
+        "ep_libraries='onnxruntime_ep_openvino'",
+    ),
+    "QNNExecutionProvider": ("onnxruntime-qnn", "pip install onnxruntime-qnn in place of onnxruntime (Windows on Arm)"),
     "CoreMLExecutionProvider": ("onnxruntime on macOS", "pip install onnxruntime on macOS"),
 }
 
@@ -51,7 +65,8 @@ def onnxruntime() -> ModuleType:
 
 @functools.lru_cache(maxsize=1)
 def flavour() -> str:
-    """``onnxruntime``, ``onnxruntime-gpu`` or ``onnxruntime-training`` (the installed distribution)."""
+    """The installed onnxruntime distribution: ``onnxruntime``, ``onnxruntime-gpu``,
+    ``onnxruntime-training``, ``onnxruntime-openvino`` ..."""
     for name in _FLAVOURS:
         try:
             importlib.metadata.version(name)

@@ -128,8 +128,11 @@ def kernel_registry() -> KernelRegistry:
 def session_refusal(model_bytes: bytes, providers: Sequence[str]) -> str | None:
     """ORT's error creating a session for ``model_bytes`` on ``providers`` (first line), or None
     when it loads: the kernel check when the registry is incomplete. No graph optimization runs:
-    only whether every node finds a kernel is asked."""
+    only whether every node finds a kernel is asked, of ORT's kernel providers among
+    ``providers`` (a compiling provider such as OpenVINO leaves what it refuses to them, and
+    would compile every probe)."""
     from .flavour import onnxruntime
+    from .providers import kernel_providers
     from .session import _clamp_ir_version
 
     ort = onnxruntime()
@@ -137,7 +140,7 @@ def session_refusal(model_bytes: bytes, providers: Sequence[str]) -> str | None:
     so.log_severity_level = 4
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
-        ort.InferenceSession(_clamp_ir_version(model_bytes), sess_options=so, providers=list(providers))
+        ort.InferenceSession(_clamp_ir_version(model_bytes), sess_options=so, providers=kernel_providers(providers))
     except Exception as e:
         text = str(e).strip().splitlines()
         return (text[0] if text else type(e).__name__)[:200]

@@ -23,6 +23,7 @@ from ..debug.nvtx import nvtx_range
 from ..options import Options, OptionsError, apply_session_options
 from ..specs import OrtModel, TensorSpec
 from . import _ort
+from . import providers as eps
 from .flavour import max_ir_version, onnxruntime
 from .quirks import (
     EXACT_SIGMOID_FACT,
@@ -252,29 +253,36 @@ def create_session(
     spinning: bool,
     threads: int | None = None,
     initializers: dict[str, torch.Tensor] | None = None,
-) -> tuple[Any, tuple[str, ...]]:
+) -> tuple[Any, tuple[str, ...], dict[str, int] | None]:
     """Create an ORT session for ``model`` (not cached). Raises :class:`OrtRunError`.
 
     ``threads``: ORT intra-op threads; None follows PyTorch's count (``torch.set_num_threads``).
     ``initializers``: the tensors behind the model's external initializers
-    (:attr:`OrtModel.external`), given to ORT without a copy.
+    (:attr:`OrtModel.external`), given to ORT without a copy. Returns the session, its
+    providers and how many of the model's nodes each provider took (None where ORT cannot say).
     """
     if threads is None:
         threads = torch.get_num_threads()
     ort = onnxruntime()
     providers = options.resolve_providers(device)
-    available = set(ort.get_available_providers())
-    missing = [p for p in providers if p not in available]
-    if missing:
-        raise OrtRunError(
-            f"execution provider(s) {missing} not available in the installed "
-            f"onnxruntime (available: {sorted(available)})"
-        )
+    device_api = eps.uses_device_api(options)
+    if not device_api:
+        available = set(ort.get_available_providers())
+        missing = [p for p in providers if p not in available]
+        if missing:
+            raise OrtRunError(
+                f"execution provider(s) {missing} not available in the installed "
+                f"onnxruntime (available: {sorted(available)})"
+            )
     provider_opts = [provider_options_for(p, options, device) for p in providers]
     start = time.perf_counter()
     try:
         with nvtx_range(f"ort_lazy.session:{model.name}", options.nvtx):
             so = _session_options(options, spinning, threads)
+            if eps.records_assignment():
+                so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+            if device_api:
+                eps.apply_devices(so, options, providers, provider_opts)
             if initializers:
                 off_host = sorted(n for n, t in initializers.items() if t.device.type != "cpu")
                 if off_host:  # ORT reads external initializers on the host: a device pointer would crash it
@@ -289,22 +297,40 @@ def create_session(
             transposed_a = model.facts.get(MATMUL_TRANSPOSES_FACT)
             if transposed_a is None:
                 exact, transposed_a = fuse_matmul_transposes(exact, providers)
+            placement = {} if device_api else {"providers": list(providers), "provider_options": provider_opts}
             sess = ort.InferenceSession(
                 _clamp_ir_version(exact),
                 sess_options=so,
-                providers=list(providers),
-                provider_options=provider_opts,
                 disabled_optimizers=disabled_optimizers(
                     model.model_bytes, providers, model_vector_matmul(model), transposed_a
                 ),
+                **placement,
             )
     except OrtRunError:
         raise
+    except OptionsError as e:
+        raise OrtRunError(str(e)) from None
     except Exception as e:
-        raise OrtRunError(f"ORT session creation failed for {model.name}: {e}") from e
+        raise OrtRunError(f"ORT session creation failed for {model.name}: {_provider_error(e)}") from e
     metrics.record_time("session_create", time.perf_counter() - start)
     metrics.increment("sessions_created")
-    return sess, providers
+    nodes = eps.ep_nodes(sess)
+    if nodes:
+        metrics.record_ep_nodes(nodes)
+    return sess, tuple(sess.get_providers()) if device_api else providers, nodes
+
+
+def _provider_error(e: BaseException) -> str:
+    """ORT's session error in a line or a few: an execution provider's own error (OpenVINO's
+    reader, TensorRT's parser) follows ORT's long source location, which is cut away."""
+    text = str(e)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return text
+    head = lines[0]
+    if len(head) > 300:
+        head = head[:120] + " ... " + head[-150:]
+    return " | ".join([head, *lines[1:8]])[:1500]
 
 
 def _leading_ir_version(model_bytes: bytes) -> int | None:
@@ -385,14 +411,16 @@ class OrtRunner:
         key = (model.digest, options.key(), devkey, stream, tf32, spinning, threads, shared)
         cache = session_cache(options.cache_size)
 
-        def create() -> tuple[Any, tuple[str, ...]]:
+        def create() -> tuple[Any, tuple[str, ...], dict[str, int] | None]:
             made = create_session(model, options, device, spinning, threads, initializers)
             # the session reads (and prepacked copies of) these tensors' memory: it must not
             # serve a later tensor that gets the same address
             cache.drop_with(key, (initializers or {}).values())
             return made
 
-        self.session, self.providers = cache.get_or_create(key, create)
+        self.session, self.providers, nodes = cache.get_or_create(key, create)
+        #: how many of the model's nodes each execution provider runs (None: ORT cannot say)
+        self.ep_nodes = nodes
         #: the session's entry in the session cache
         self.cache_key = key
         self._sess = _ort.raw_session(self.session)
