@@ -27,6 +27,7 @@ from .opnames import op_name
 from .options import Options
 from .reasons import Reason
 from .runtime.flavour import provider_problem
+from .runtime.providers import kernel_providers, traits_of
 from .runtime.region import (
     OrtRegion,
     compute_ops,
@@ -248,6 +249,27 @@ def _make_region(
     )
 
 
+def training_options(options: Options, device: torch.device) -> Options:
+    """``options`` for a training graph: providers that run inference graphs only (OpenVINO,
+    CoreML, QNN ...: their readers refuse training forms such as LayerNormalization's saved
+    statistics) leave training graphs to ORT's kernel providers of the list (the CPU provider),
+    said once."""
+    providers = options.resolve_providers(device)
+    inference_only = [p for p in providers if traits_of(p).inference_only]
+    if not inference_only:
+        return options
+    kept = tuple(kernel_providers(providers))
+    if kept == tuple(providers):
+        return options
+    metrics.warn_once(
+        f"training-providers:{providers}",
+        "ort-lazy: %s run(s) inference graphs only; training graphs run on %s",
+        ", ".join(inference_only),
+        ", ".join(kept),
+    )
+    return options.replace(providers=kept)
+
+
 def compile_graph(
     gm: torch.fx.GraphModule,
     options: Options,
@@ -265,6 +287,8 @@ def compile_graph(
     """
     start = time.perf_counter()
     metrics.increment("graphs_compiled")
+    if tag.startswith(("forward", "backward")):
+        options = training_options(options, graph_device(gm))
     providers = options.resolve_providers(graph_device(gm))
     problem = provider_problem(providers)
     if problem is not None:  # inferred from the tensors' device (explicit ones are checked earlier)
@@ -332,7 +356,10 @@ def compile_graph(
         if region is not None and sub_constants:
             node.args = tuple(a for j, a in enumerate(node.args) if j not in sub_constants)
         ops = compute_ops(sub)
-        entry = {"name": f"{tag}_{name}", "ops": ops, "on_ort": region is not None}
+        entry: dict[str, Any] = {"name": f"{tag}_{name}", "ops": ops, "on_ort": region is not None}
+        placed = region.runner.ep_nodes if region is not None and region.runner is not None else None
+        if placed:
+            entry["ep_nodes"] = dict(placed)
         record.regions.append(entry)
         if region is not None:
             region.report = entry

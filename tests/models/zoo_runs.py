@@ -159,13 +159,14 @@ def case_inputs(case: ModelCase, device: str = "cpu") -> tuple[dict[str, torch.T
 
 
 @functools.cache
-def inference(name: str, device: str = "cpu") -> InferenceRun:
-    """Eval mode, no grad: eager outputs, ort-lazy outputs, timings (model and inputs on ``device``)."""
+def inference(name: str, device: str = "cpu", options: tuple[tuple[str, Any], ...] = ()) -> InferenceRun:
+    """Eval mode, no grad: eager outputs, ort-lazy outputs, timings (model and inputs on
+    ``device``; ``options``: ort-lazy options as (name, value) pairs)."""
     with one_thread():
-        return _inference(name, device)
+        return _inference(name, device, dict(options))
 
 
-def _inference(name: str, device: str) -> InferenceRun:
+def _inference(name: str, device: str, options: dict[str, Any] | None = None) -> InferenceRun:
     case = CASES[name]
     run = InferenceRun(name)
     inputs, _ = case_inputs(case, device)
@@ -177,7 +178,7 @@ def _inference(name: str, device: str) -> InferenceRun:
         run.eager_ms = _median_ms(lambda: model(**inputs))
 
     def body() -> None:
-        compiled = torch.compile(model, backend="ort")
+        compiled = torch.compile(model, backend="ort", options=options or None)
         with torch.no_grad():
             start = time.perf_counter()
             run.actual = outputs_of(case, compiled(**inputs))

@@ -181,6 +181,16 @@ class ExplainReport:
         return self.ops_on_ort / self.ops_total if self.ops_total else 0.0
 
     @property
+    def ep_nodes(self) -> dict[str, int]:
+        """ONNX nodes per execution provider over every region on ORT (ORT's own assignment;
+        empty where the installed onnxruntime cannot say)."""
+        out: collections.Counter[str] = collections.Counter()
+        for g in self.graphs:
+            for region in g.regions:
+                out.update(region.get("ep_nodes") or {})
+        return dict(out)
+
+    @property
     def fallbacks(self) -> dict[str, dict[str, int]]:
         """op -> reason -> count, over the compute ops of every graph."""
         out: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
@@ -195,6 +205,7 @@ class ExplainReport:
             "ops_total": self.ops_total,
             "ops_on_ort": self.ops_on_ort,
             "share_on_ort": self.share_on_ort,
+            "ep_nodes": self.ep_nodes,
             "dynamo_graphs": self.dynamo_graphs,
             "accuracy": self.accuracy,
             "graph_breaks": [b.as_dict() for b in self.graph_breaks],
@@ -232,6 +243,13 @@ class ExplainReport:
         if skipped:
             head += f", {skipped} function(s) dynamo left to Python (not on ORT)"
         lines = [head]
+        placed = self.ep_nodes
+        if placed and (len(placed) > 1 or "CPUExecutionProvider" not in placed):
+            total = sum(placed.values())
+            lines.append(
+                "  ONNX nodes per execution provider (ORT's assignment): "
+                + ", ".join(f"{p} {k} ({k / total:.0%})" for p, k in sorted(placed.items(), key=lambda kv: -kv[1]))
+            )
         if self.accuracy is not None:
             a = self.accuracy
             lines.append(
@@ -298,6 +316,13 @@ def _graph_lines(index: int, g: GraphRecord) -> list[str]:
         if tune:
             where = "ORT    " if tune["chosen"] == "ort" else "PyTorch (autotune)"
             extra = f"; autotune: ORT {tune['ort_ms']:.3f} ms vs PyTorch {tune['pytorch_ms']:.3f} ms"
+        placed = step.get("ep_nodes")
+        if placed and (len(placed) > 1 or "CPUExecutionProvider" not in placed):
+            total = sum(placed.values())
+            extra += "; ONNX nodes on " + ", ".join(
+                f"{provider.removesuffix('ExecutionProvider')} {k} ({k / total:.0%})"
+                for provider, k in sorted(placed.items(), key=lambda kv: -kv[1])
+            )
         lines.append(f"    {n}. {where}  {step['name']}: {len(region_ops)} ops ({_ops_summary(region_ops)}){extra}")
     return lines
 

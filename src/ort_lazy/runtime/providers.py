@@ -62,6 +62,9 @@ class ProviderTraits:
         max_opset: newest default-domain opset its reader takes (None: ORT's own).
         static_shapes: compiles for fixed input shapes only.
         device_memory: reads and writes a GPU's memory (``cuda`` tensors); False: host memory.
+        inference_only: its reader takes inference graphs only (training forms such as
+            ``LayerNormalization``'s saved statistics or reducing scatters are refused):
+            training graphs run on the kernel providers of the list instead.
     """
 
     ort_kernels: bool = False
@@ -69,6 +72,7 @@ class ProviderTraits:
     max_opset: int | None = None
     static_shapes: bool = False
     device_memory: bool = False
+    inference_only: bool = False
 
 
 #: The providers ort-lazy knows, by ORT's name. Providers not listed are taken as the
@@ -83,15 +87,15 @@ TRAITS: dict[str, ProviderTraits] = {
     "MIGraphXExecutionProvider": ProviderTraits(device_memory=True),
     "DmlExecutionProvider": ProviderTraits(contrib_ops=True),
     # OpenVINO 2025's ONNX frontend: opsets up to 22 (ONNX's Attention, opset 23, is refused)
-    "OpenVINOExecutionProvider": ProviderTraits(max_opset=22),
+    "OpenVINOExecutionProvider": ProviderTraits(max_opset=22, inference_only=True),
     "DnnlExecutionProvider": ProviderTraits(),
     "XnnpackExecutionProvider": ProviderTraits(),
     "WebGpuExecutionProvider": ProviderTraits(),
-    "CoreMLExecutionProvider": ProviderTraits(static_shapes=True),
-    "QNNExecutionProvider": ProviderTraits(static_shapes=True),
-    "NnapiExecutionProvider": ProviderTraits(static_shapes=True),
-    "VitisAIExecutionProvider": ProviderTraits(static_shapes=True),
-    "RknpuExecutionProvider": ProviderTraits(static_shapes=True),
+    "CoreMLExecutionProvider": ProviderTraits(static_shapes=True, inference_only=True),
+    "QNNExecutionProvider": ProviderTraits(static_shapes=True, inference_only=True),
+    "NnapiExecutionProvider": ProviderTraits(static_shapes=True, inference_only=True),
+    "VitisAIExecutionProvider": ProviderTraits(static_shapes=True, inference_only=True),
+    "RknpuExecutionProvider": ProviderTraits(static_shapes=True, inference_only=True),
 }
 
 _UNKNOWN = ProviderTraits()

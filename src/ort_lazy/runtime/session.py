@@ -146,6 +146,12 @@ class SessionCache:
                 self._building.pop(key, None)
             return value
 
+    def values(self) -> list[Any]:
+        """The cached entries, least recently used first."""
+        with self._lock:
+            self._purge()
+            return list(self._items.values())
+
     def discard(self, key: Hashable) -> None:
         """Drop ``key``'s entry, if any (runners holding its session keep it)."""
         with self._lock:
