@@ -130,7 +130,7 @@ def _integer_power(arguments: dict[str, Any]) -> str | None:
     """ORT computes integer ``Pow`` through floating point: results past 2**53 lose their low
     digits, overflows do not wrap as PyTorch's do, and 0 to a negative power is the type's
     minimum instead of 0. A constant exponent is decomposed into products
-    (:func:`~ort_lazy.lowering.rewrites.integer_power`)."""
+    (:func:`~ort_lazy.lowering.arithmetic.integer_power`)."""
     if _integral(arguments.get("self")) and _integral(arguments.get("exponent")):
         return "integer powers are computed in floating point"
     return None
