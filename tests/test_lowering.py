@@ -388,13 +388,14 @@ def _traced(fn, *args) -> list[torch.fx.Node]:
 def test_batched_probes_answer_like_single_probes(monkeypatch) -> None:
     from ort_lazy import support
     from ort_lazy.export import fx as export_fx
+    from ort_lazy.support import probes
 
     providers = ("CPUExecutionProvider",)
     a, b = torch.randn(4, 4), torch.randn(4, 4)
     ok_nodes = _traced(lambda x, y: torch.tanh(x @ y) - x.exp(), a, b)
     flags = torch.tensor([True, False])
     mixed = ok_nodes + _traced(lambda x: x + x, flags)  # bool Add: no ORT kernel
-    support._probe_tables.clear()
+    probes._probe_tables.clear()
     translations = []
     real = export_fx.translate
     monkeypatch.setattr(
@@ -403,10 +404,10 @@ def test_batched_probes_answer_like_single_probes(monkeypatch) -> None:
     answers = support.probe_ops(ok_nodes, providers)
     assert all(r is None for r in answers.values()) and translations == ["probe"], translations
 
-    support._probe_tables.clear()
+    probes._probe_tables.clear()
     translations.clear()
     batched = support.probe_ops(mixed, providers)
-    support._probe_tables.clear()
+    probes._probe_tables.clear()
     single = {n: support.probe_op(n, providers) for n in mixed}
     assert batched == single
     assert batched[mixed[-1]] is not None and batched[mixed[-1]].startswith(support.Reason.NO_KERNEL)
@@ -429,9 +430,9 @@ def test_probe_answers_learnt_on_empty_tensors_stay_with_them(fn, monkeypatch, c
     alone, that failure sent every later cat of the same rank to PyTorch in the process. The
     warning for such a failure says the translation's own error.
     """
-    from ort_lazy import support
+    from ort_lazy.support import probes
 
-    monkeypatch.setattr(support, "_probe_tables", {})
+    monkeypatch.setattr(probes, "_probe_tables", {})
     monkeypatch.setattr(metrics, "_warned", set())
     torch._dynamo.reset()
     with caplog.at_level("WARNING", logger="ort_lazy"):
@@ -477,10 +478,10 @@ def test_conv_pool_activation_zoo_trains_like_eager() -> None:
 
 
 def _probe(fn, *args) -> str | None:
-    from ort_lazy import support
+    from ort_lazy.support import probes
 
     (node,) = [n for n in _traced(fn, *args) if n.target is not operator.getitem]
-    return support._probe_uncached(node, ("CPUExecutionProvider",))
+    return probes._probe_uncached(node, ("CPUExecutionProvider",))
 
 
 def test_probes_type_function_bodies_and_reject_translations_ort_cannot_load() -> None:

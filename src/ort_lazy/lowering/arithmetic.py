@@ -134,7 +134,7 @@ def integer_power(x: torch.Tensor, exponent: Any) -> Any:
     """``x ** k`` of an integer or bool tensor and a constant ``k >= 0`` as products (square and
     multiply): exact, and wrapping on overflow as PyTorch's kernel does (products modulo
     2**bits do not depend on their order). ORT's integer ``Pow`` goes through floating point
-    (see :func:`ort_lazy.support._integer_power`)."""
+    (see :func:`ort_lazy.support.rules._integer_power`)."""
     if x.dtype.is_floating_point or x.dtype.is_complex or not isinstance(exponent, int) or exponent < 0:
         return NotImplemented
     x = x.to(torch.result_type(x, exponent))  # bool ** k is an int64 power
