@@ -239,9 +239,10 @@ def torch_decomposition_of(op: Any) -> Iterator[None]:
     from unittest import mock
 
     from ort_lazy.lowering import decompositions, rewrites
+    from ort_lazy.lowering.common import _torch_decomposition
 
     table = dict(rewrites.DECOMPOSITIONS)
-    table[op] = lambda *a: rewrites._torch_decomposition(op, *a)
+    table[op] = lambda *a: _torch_decomposition(op, *a)
     decompositions.decomposition_table.cache_clear()
     try:
         with mock.patch.object(decompositions, "DECOMPOSITIONS", table):

@@ -17,7 +17,7 @@ from helpers import (
     torch_decomposition_of,
 )
 from ort_lazy import metrics
-from ort_lazy.lowering import rewrites
+from ort_lazy.lowering import normalization
 
 aten = torch.ops.aten
 
@@ -32,7 +32,7 @@ def test_rewrite_gives_the_ops_five_results(dtype, shape, affine) -> None:
     weight, bias = (torch.randn(c, dtype=dtype), torch.randn(c, dtype=dtype)) if affine else (None, None)
     mean, var = torch.randn(c, dtype=dtype), torch.rand(c, dtype=dtype) + 0.5
     args = (x, weight, bias, mean, var, True, 0.1, 1e-5)
-    got = rewrites.batch_norm_training(*args)
+    got = normalization.batch_norm_training(*args)
     expected = aten._native_batch_norm_legit_functional(*args)
     for g, e in zip(got, expected, strict=True):
         assert g.shape == e.shape and g.dtype == e.dtype

@@ -229,7 +229,7 @@ def test_bodies_without_a_fast_path_are_not_copied(monkeypatch: pytest.MonkeyPat
     copied)."""
     import copy
 
-    from ort_lazy.lowering.rewrites import lower_fast_paths
+    from ort_lazy.lowering.fast_paths import lower_fast_paths
 
     copies = []
     real = copy.deepcopy

@@ -363,7 +363,7 @@ def test_scalar_type_codes_are_torchscript_s():
     """The ``dtype=`` codes the bridge passes are c10's ScalarType numbers."""
     from torch.onnx._internal.torchscript_exporter._type_utils import JitScalarType
 
-    from ort_lazy.support import _SCALAR_TYPES
+    from ort_lazy.support.torchscript import _SCALAR_TYPES
 
     assert {code: JitScalarType.from_dtype(dtype) for code, dtype in _SCALAR_TYPES.items()} == {c: c for c in _SCALAR_TYPES}
 

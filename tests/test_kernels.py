@@ -17,14 +17,14 @@ from ort_lazy.runtime import _ort, kernels
 @pytest.fixture
 def fresh_registry():
     """A registry read anew, and support answers learnt anew (they were learnt from it)."""
-    from ort_lazy import support
+    from ort_lazy.support import probes
 
     kernels.kernel_registry.cache_clear()
-    support._probe_tables.clear()
+    probes._probe_tables.clear()
     metrics._warned.discard("kernel_defs")  # its warning is given once per process
     yield
     kernels.kernel_registry.cache_clear()
-    support._probe_tables.clear()
+    probes._probe_tables.clear()
 
 
 def _rows(defs):

@@ -1,5 +1,5 @@
 """Layer norm's gradient on the CPU: eager's values in 8 full-size writes, its row sums as
-matrix-vector products with the weight (lowering/rewrites.py, ``layer_norm_backward``)."""
+matrix-vector products with the weight (lowering/normalization.py, ``layer_norm_backward``)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from helpers import (
     train_parity,
 )
 from ort_lazy import metrics
-from ort_lazy.lowering import rewrites
+from ort_lazy.lowering import normalization
 
 aten = torch.ops.aten
 
@@ -44,7 +44,7 @@ def test_rewrite_is_as_exact_as_the_op(dtype, shape, normalized, mask) -> None:
     few units of rounding of its terms (one normalized element: the input gradient is 0 plus
     rounding times rstd, eager's float32 value about 3e-5)."""
     args = _case(shape, normalized, True, dtype)
-    got = rewrites.layer_norm_backward(*args, list(mask))
+    got = normalization.layer_norm_backward(*args, list(mask))
     expected = aten.native_layer_norm_backward(*args, list(mask))
     wide = [a.double() if isinstance(a, torch.Tensor) else a for a in args]
     exact = aten.native_layer_norm_backward(*wide, list(mask))
@@ -64,7 +64,7 @@ def test_rewrite_is_as_exact_as_the_op(dtype, shape, normalized, mask) -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_rewrite_without_weight(dtype) -> None:
     args = _case((6, 3, 8), [8], False, dtype)
-    got = rewrites.layer_norm_backward(*args, [True, False, False])
+    got = normalization.layer_norm_backward(*args, [True, False, False])
     expected = aten.native_layer_norm_backward(*args, [True, False, False])
     assert got[1] is None and got[2] is None
     assert_close(got[0], expected[0], rtol=1e-5, atol=1e-5)
@@ -75,7 +75,7 @@ def test_non_finite_gradients_spread_as_eager() -> None:
     throughout, torch's decomposition and this rewrite inf where the terms do not cancel)."""
     grad, *rest = _case((4, 8), [8], True, torch.float32)
     grad[1, 2], grad[2, 0], grad[3, 5] = float("inf"), float("-inf"), float("nan")
-    got = rewrites.layer_norm_backward(grad, *rest, [True, True, True])
+    got = normalization.layer_norm_backward(grad, *rest, [True, True, True])
     expected = aten.native_layer_norm_backward(grad, *rest, [True, True, True])
     for g, e in zip(got, expected, strict=True):
         finite = torch.isfinite(e)
@@ -86,7 +86,7 @@ def test_non_finite_gradients_spread_as_eager() -> None:
 def _mm_count(*args: torch.Tensor) -> int:
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    graph = make_fx(lambda *a: rewrites.layer_norm_backward(*a[:2], [8], *a[2:], [True, True, True]))(*args)
+    graph = make_fx(lambda *a: normalization.layer_norm_backward(*a[:2], [8], *a[2:], [True, True, True]))(*args)
     return sum(n.target is aten.mm.default for n in graph.graph.nodes)
 
 

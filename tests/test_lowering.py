@@ -19,7 +19,7 @@ from helpers import (
     train_parity,
 )
 from ort_lazy import metrics
-from ort_lazy.lowering import rewrites as lowering
+from ort_lazy.lowering import activations, convolution, pooling, slices
 
 aten = torch.ops.aten
 
@@ -33,10 +33,10 @@ def test_select_scatter_and_backward_match_aten(dim: int, index: int) -> None:
     base = torch.randn(3, 4, 5)
     src = torch.randn_like(base.select(dim, index))
     expected = aten.select_scatter.default(base, src, dim, index)
-    assert torch.equal(lowering.select_scatter(base, src, dim, index), expected)
+    assert torch.equal(slices.select_scatter(base, src, dim, index), expected)
     grad = torch.randn_like(src)
     expected = aten.select_backward.default(grad, [3, 4, 5], dim, index)
-    assert torch.equal(lowering.select_backward(grad, [3, 4, 5], dim, index), expected)
+    assert torch.equal(slices.select_backward(grad, [3, 4, 5], dim, index), expected)
 
 
 @pytest.mark.parametrize(("dim", "start", "end"), [(0, 0, 2), (1, 1, 3), (2, None, None), (1, -3, 4), (0, 1, 100), (2, 5, 5)])
@@ -45,18 +45,18 @@ def test_slice_scatter_and_backward_match_aten(dim: int, start: int | None, end:
     sliced = aten.slice.Tensor(base, dim, start, end)
     src = torch.randn_like(sliced)
     expected = aten.slice_scatter.default(base, src, dim, start, end)
-    assert torch.equal(lowering.slice_scatter(base, src, dim, start, end), expected)
+    assert torch.equal(slices.slice_scatter(base, src, dim, start, end), expected)
     expected = aten.slice_backward.default(src, [3, 4, 5], dim, start if start is not None else 0,
                                            end if end is not None else 2**62, 1)
-    got = lowering.slice_backward(src, [3, 4, 5], dim, start if start is not None else 0, end if end is not None else 2**62, 1)
+    got = slices.slice_backward(src, [3, 4, 5], dim, start if start is not None else 0, end if end is not None else 2**62, 1)
     assert torch.equal(got, expected)
 
 
 def test_strided_slices_are_left_to_torch() -> None:
     base = torch.randn(6, 4)
-    assert lowering.slice_scatter(base, base[::2], 0, 0, 6, 2) is NotImplemented
+    assert slices.slice_scatter(base, base[::2], 0, 0, 6, 2) is NotImplemented
     expected = aten.slice_backward.default(base[::2], [6, 4], 0, 0, 6, 2)
-    assert torch.equal(lowering.slice_backward(base[::2], [6, 4], 0, 0, 6, 2), expected)
+    assert torch.equal(slices.slice_backward(base[::2], [6, 4], 0, 0, 6, 2), expected)
 
 
 @pytest.mark.parametrize("dynamic", [True, False])
@@ -92,7 +92,7 @@ def test_select_slice_split_backward_stay_on_ort_with_changing_batch(dynamic: bo
 @pytest.mark.parametrize(("size", "dim"), [(2, 0), (3, 1), (5, -1), (7, 1)])
 def test_split_matches_aten(size: int, dim: int) -> None:
     x = torch.randn(4, 7, 5)
-    got = lowering.split(x, size, dim)
+    got = slices.split(x, size, dim)
     expected = aten.split.Tensor(x, size, dim)
     assert len(got) == len(expected)
     for a, b in zip(got, expected):
@@ -295,7 +295,7 @@ def test_convolution_backward_matches_aten(shape, kernel, stride, padding, dilat
     go = torch.randn_like(out)
     args = (go, x, w, [w.shape[0]], list(stride), list(padding), list(dilation), False, [0] * len(kernel), groups, [True, True, True])
     expected = torch.ops.aten.convolution_backward.default(*args)
-    got = lowering.convolution_backward(*args)
+    got = convolution.convolution_backward(*args)
     for a, b in zip(got, expected):
         torch.testing.assert_close(a, b)
 
@@ -305,7 +305,7 @@ def test_adaptive_avg_pool2d_backward_is_bit_identical(shape, out) -> None:
     x = torch.randn(shape)
     g = torch.randn(*shape[:-2], *out)
     expected = aten._adaptive_avg_pool2d_backward.default(g, x)
-    assert torch.equal(lowering.adaptive_avg_pool2d_backward(g, x), expected)
+    assert torch.equal(pooling.adaptive_avg_pool2d_backward(g, x), expected)
 
 
 @pytest.mark.parametrize(("size", "out"), [((7, 7), (3, 3)), ((8, 8), (7, 7)), ((1, 1), (7, 7)), ((5, 9), (3, 4))], ids=str)
@@ -315,7 +315,7 @@ def test_adaptive_avg_pool2d_backward_uneven_windows(size, out) -> None:
     x = torch.randn(2, 3, *size, dtype=torch.float64)
     g = torch.randn(2, 3, *out, dtype=torch.float64)
     expected = aten._adaptive_avg_pool2d_backward.default(g, x)
-    torch.testing.assert_close(lowering.adaptive_avg_pool2d_backward(g, x), expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(pooling.adaptive_avg_pool2d_backward(g, x), expected, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("size", [1, 8, 9], ids=lambda s: f"{s}x{s}")
@@ -361,14 +361,14 @@ def test_gelu_decomposition_matches_and_is_fused_by_ort(tmp_path) -> None:
     import onnxruntime as ort
 
     x = torch.randn(1000, dtype=torch.float64) * 4
-    torch.testing.assert_close(lowering.gelu(x), torch.nn.functional.gelu(x), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(activations.gelu(x), torch.nn.functional.gelu(x), rtol=1e-12, atol=1e-12)
     # the tanh form is rewritten for float64 only (float64 constants), other dtypes keep theirs
-    torch.testing.assert_close(lowering.gelu(x, "tanh"), torch.nn.functional.gelu(x, approximate="tanh"), rtol=1e-12, atol=1e-12)
-    assert lowering.gelu(x.float(), "tanh") is NotImplemented
+    torch.testing.assert_close(activations.gelu(x, "tanh"), torch.nn.functional.gelu(x, approximate="tanh"), rtol=1e-12, atol=1e-12)
+    assert activations.gelu(x.float(), "tanh") is NotImplemented
     # float16 / bfloat16 both forms in float32, rounded once, as eager's kernels
     for half in (torch.float16, torch.bfloat16):
         for form in ("none", "tanh"):
-            got = lowering.gelu(x.to(half), form)
+            got = activations.gelu(x.to(half), form)
             assert got.dtype == half
             torch.testing.assert_close(got, torch.nn.functional.gelu(x.to(half), approximate=form))
 
@@ -388,13 +388,14 @@ def _traced(fn, *args) -> list[torch.fx.Node]:
 def test_batched_probes_answer_like_single_probes(monkeypatch) -> None:
     from ort_lazy import support
     from ort_lazy.export import fx as export_fx
+    from ort_lazy.support import probes
 
     providers = ("CPUExecutionProvider",)
     a, b = torch.randn(4, 4), torch.randn(4, 4)
     ok_nodes = _traced(lambda x, y: torch.tanh(x @ y) - x.exp(), a, b)
     flags = torch.tensor([True, False])
     mixed = ok_nodes + _traced(lambda x: x + x, flags)  # bool Add: no ORT kernel
-    support._probe_tables.clear()
+    probes._probe_tables.clear()
     translations = []
     real = export_fx.translate
     monkeypatch.setattr(
@@ -403,10 +404,10 @@ def test_batched_probes_answer_like_single_probes(monkeypatch) -> None:
     answers = support.probe_ops(ok_nodes, providers)
     assert all(r is None for r in answers.values()) and translations == ["probe"], translations
 
-    support._probe_tables.clear()
+    probes._probe_tables.clear()
     translations.clear()
     batched = support.probe_ops(mixed, providers)
-    support._probe_tables.clear()
+    probes._probe_tables.clear()
     single = {n: support.probe_op(n, providers) for n in mixed}
     assert batched == single
     assert batched[mixed[-1]] is not None and batched[mixed[-1]].startswith(support.Reason.NO_KERNEL)
@@ -429,9 +430,9 @@ def test_probe_answers_learnt_on_empty_tensors_stay_with_them(fn, monkeypatch, c
     alone, that failure sent every later cat of the same rank to PyTorch in the process. The
     warning for such a failure says the translation's own error.
     """
-    from ort_lazy import support
+    from ort_lazy.support import probes
 
-    monkeypatch.setattr(support, "_probe_tables", {})
+    monkeypatch.setattr(probes, "_probe_tables", {})
     monkeypatch.setattr(metrics, "_warned", set())
     torch._dynamo.reset()
     with caplog.at_level("WARNING", logger="ort_lazy"):
@@ -477,10 +478,10 @@ def test_conv_pool_activation_zoo_trains_like_eager() -> None:
 
 
 def _probe(fn, *args) -> str | None:
-    from ort_lazy import support
+    from ort_lazy.support import probes
 
     (node,) = [n for n in _traced(fn, *args) if n.target is not operator.getitem]
-    return support._probe_uncached(node, ("CPUExecutionProvider",))
+    return probes._probe_uncached(node, ("CPUExecutionProvider",))
 
 
 def test_probes_type_function_bodies_and_reject_translations_ort_cannot_load() -> None:

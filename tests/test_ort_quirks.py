@@ -190,7 +190,7 @@ def _int64_reduction(op: str) -> ort.InferenceSession:
 
 def test_int64_reduce_sum_and_prod_still_go_through_double_in_this_onnxruntime() -> None:
     """ort-lazy lowers int64/int32 sum to CumSum and prod to a tree of Mul
-    (``ort_lazy.lowering.rewrites.integer_sum`` / ``integer_prod``; tested in test_correctness)."""
+    (``ort_lazy.lowering.reductions.integer_sum`` / ``integer_prod``; tested in test_correctness)."""
     x = np.array([2**53 + 1, 2], dtype=np.int64)
     got_sum = int(_int64_reduction("ReduceSum").run(None, {"x": x})[0])
     got_prod = int(_int64_reduction("ReduceProd").run(None, {"x": x})[0])

@@ -116,7 +116,7 @@ def test_transformer_block_trains_with_eager_gradients_and_no_leading_reduce_sum
         assert_close(got.grad, expected.grad)
     nodes = [n for model in models for n in onnx.load_from_string(model.model_bytes).graph.node]
     # two bias gradients and layer norm's weight and bias gradients; layer norm's per-row sums
-    # are products with its weight (lowering.rewrites.layer_norm_backward), so no sum is left
+    # are products with its weight (lowering.normalization.layer_norm_backward), so no sum is left
     assert sum(n.op_type == "MatMul" and n.name.endswith("_matmul") for n in nodes) == 4
     assert sum(n.op_type == "ReduceSum" for n in nodes) == 0
 

@@ -9,7 +9,7 @@ values are those of the formula run by ORT op by op (the same ``tanh`` approxima
 1e-6 from eager, where eager's own rounding of ``1 + tanh`` leaves values near -5 a few 1e-7
 from exact). Other dtypes and the erf form keep the exporter's
 translation (float64 and the half types are rewritten before export:
-:func:`ort_lazy.lowering.rewrites.gelu`).
+:func:`ort_lazy.lowering.activations.gelu`).
 """
 
 from __future__ import annotations

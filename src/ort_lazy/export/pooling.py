@@ -19,7 +19,7 @@ elementwise kernel (ResNet-18 inference: ~1.8 of 40 ms), for a case that needs a
 float32/float64 an ONNX ``If`` runs it only when the input's sum is NaN (any NaN, or
 infinities of both signs), plain ``MaxPool`` otherwise. The same holds for plain max pooling
 (``max_pool2d``/``3d``, what inference graphs use:
-:func:`ort_lazy.lowering.rewrites.drop_unused_indices`). The ``If`` also keeps ORT from
+:func:`ort_lazy.lowering.pooling.drop_unused_indices`). The ``If`` also keeps ORT from
 fusing across the pooling in its blocked (NCHWc) layout: ResNet-18's region at 224 x 224 ran
 17.6 ms with it, 16.9 ms without (four layout reorders and two unfused Add/ReLU pairs). So
 where the caller can run a call in PyTorch instead (:func:`checked`, the CPU regions of

@@ -34,10 +34,11 @@ from ..reasons import Reason
 from ..runtime.flavour import OrtUnavailableError
 from ..runtime.region import OrtRegion
 from .decompositions import decomposition_table
+from .fast_paths import lower_fast_paths
 from .fusions import fuse_activations
 from .joint import partition, written_placeholders
 from .layouts import storage_order_views
-from .rewrites import drop_unused_indices, lower_fast_paths
+from .pooling import drop_unused_indices
 from .simplify import simplify_aten
 
 __all__ = ["compile_captured", "copy_graph_module"]

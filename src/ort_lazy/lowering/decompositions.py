@@ -31,7 +31,8 @@ from .. import _compat
 from ..export import attention
 from ..opnames import named_in
 from ..support import DISTRUSTED, registered_ops
-from .rewrites import DECOMPOSITIONS, fma
+from .products import fma
+from .rewrites import DECOMPOSITIONS
 from .special import SPECIAL_DECOMPOSITIONS
 
 __all__ = ["decomposition_table", "EXCLUDED"]

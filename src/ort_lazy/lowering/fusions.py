@@ -4,7 +4,7 @@ Models often spell the tanh approximation of GELU out in Python instead of calli
 ``F.gelu(x, approximate="tanh")``: GPT-2's ``NewGELUActivation``
 (``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x**3))))``), ``FastGELUActivation`` and
 BLOOM's ``x * 0.5 * (1 + tanh(0.79788456 * x * (1 + 0.044715 * x * x)))``. Traced to aten, each
-is about ten elementwise ops (``x**3`` is two products: :func:`~ort_lazy.lowering.rewrites.scalar_power`),
+is about ten elementwise ops (``x**3`` is two products: :func:`~ort_lazy.lowering.arithmetic.scalar_power`),
 so ORT runs ten passes over the tensor and its own fusion (which looks for ``Pow``) does not
 apply. :func:`fuse_tanh_gelu` finds them by value, not by spelling: the ops between ``x`` and
 ``tanh`` must compute ``c * (x + k * x**3)`` and the ops after it ``0.5 * x * (1 + tanh(..))``,

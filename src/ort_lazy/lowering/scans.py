@@ -88,7 +88,7 @@ def logcumsumexp(x: torch.Tensor, dim: int) -> Any:
     if not _scannable(x, dim) or not x.is_floating_point():
         return NotImplemented
     wide = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
-    # logaddexp is itself decomposed (rewrites.logaddexp): accurate, equal infinities kept
+    # logaddexp is itself decomposed (exponentials.logaddexp): accurate, equal infinities kept
     (out,) = scan((x.to(wide),), dim, lambda a, b: (torch.logaddexp(a[0], b[0]),))
     return out.to(x.dtype)
 

@@ -79,7 +79,7 @@ SKIP_LAYER_NORM_FUSION = "SkipLayerNormFusion"
 
 #: ORT's CPU ReduceSum and ReduceProd compute int64 in double (onnxruntime 1.32: ``2**53 + 1``
 #: sums to ``2**53``, overflow saturates where PyTorch wraps). ort-lazy lowers integer sums to
-#: CumSum and integer products to a tree of Mul (``lowering.rewrites.integer_sum`` /
+#: CumSum and integer products to a tree of Mul (``lowering.reductions.integer_sum`` /
 #: ``integer_prod``), which are exact.
 INT64_REDUCTIONS_IN_DOUBLE = ("ReduceSum", "ReduceProd")
 
@@ -87,7 +87,7 @@ INT64_REDUCTIONS_IN_DOUBLE = ("ReduceSum", "ReduceProd")
 #: ORT's CPU Where returns +0.0 where it selects a -0.0 from its first branch (onnxruntime 1.32,
 #: every float type; a -0.0 from the second branch survives). Equal as numbers, so no parity
 #: check sees it, but it flips ``1 / x``, ``atan2`` and ``copysign``. ort-lazy's own lowerings
-#: that must keep a sign (``lowering.rewrites.copysign``) multiply by +-1 instead of selecting;
+#: that must keep a sign (``lowering.signs.copysign``) multiply by +-1 instead of selecting;
 #: a user's ``torch.where`` choosing -0.0 still gives +0.0 on ORT.
 WHERE_DROPS_NEGATIVE_ZERO = "Where"
 
@@ -105,7 +105,7 @@ NOT_WHERE_FUSION = "NotWhereFusion"
 #: ``[1, NaN, 2, 3]`` gives ``[45.05, NaN, 46.05, 47.05]``) and ``-inf`` beside ``+inf``, where
 #: eager's whole row is NaN; the float kernel gives NaN rows. ort-lazy lowers float64
 #: ``log_softmax`` to eager's ``x - max - log(sum(exp(x - max)))``
-#: (``lowering.rewrites.log_softmax_float64``).
+#: (``lowering.activations.log_softmax_float64``).
 DOUBLE_LOG_SOFTMAX_NAN = "LogSoftmax"
 
 
