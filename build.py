@@ -18,12 +18,14 @@ Examples::
     python3 build.py --enable_lazy_tensor --test --shards 4 --shard 1   # one CI shard
     python3 build.py --enable_lazy_tensor --test --full --shards 8 --shard 0   # all of op_db + zoo
     python3 build.py --dry_run --use_cuda --enable_lazy_tensor   # print the plan (JSON) only
+    python3 build.py --use_openvino --venv .venv-openvino --test --tests tests/opinfo  # a second env
 
-ORT flavours: ``onnxruntime`` (default), ``onnxruntime-gpu`` (``--use_cuda``) and
-``onnxruntime-training==1.19.2`` (``--enable_training``). They share the import name
-``onnxruntime``, so only one may be installed. Switching flavour (or, with ``--use_cuda``,
-replacing a CPU torch) fetches every new package before anything is removed, and puts the
-environment back as it was if the switch fails.
+ORT flavours: ``onnxruntime`` (default), ``onnxruntime-gpu`` (``--use_cuda``),
+``onnxruntime-training==1.19.2`` (``--enable_training``) and ``onnxruntime-openvino==1.24.1``
+(``--use_openvino``). They share the import name ``onnxruntime``, so only one may be installed.
+Switching flavour (or, with ``--use_cuda``, replacing a CPU torch) fetches every new package
+before anything is removed, and puts the environment back as it was if the switch fails.
+``--tests`` runs chosen test files, folders or test ids instead of the whole ``tests/`` folder.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import re
 import shlex
 import shutil
@@ -48,7 +51,12 @@ PACKAGE_DIR = ROOT / "src" / "ort_lazy"
 DIST = ROOT / "dist"
 #: The torch every install path pins (a newer or unpinned torch pulls a multi-GB CUDA wheel).
 TORCH_PIN = "torch==2.13.0"
-ORT_FLAVOURS = {"cpu": "onnxruntime", "cuda": "onnxruntime-gpu", "training": "onnxruntime-training==1.19.2"}
+ORT_FLAVOURS = {
+    "cpu": "onnxruntime",
+    "cuda": "onnxruntime-gpu",
+    "training": "onnxruntime-training==1.19.2",
+    "openvino": "onnxruntime-openvino==1.24.1",
+}
 #: ninja: the bridge build (torch's BuildExtension) compiles with it, and recompiles only what changed
 BASE_DEPS = ["onnx", "onnxscript", "onnx-ir", "numpy", "pybind11", "setuptools>=77", "wheel", "ninja"]
 TEST_DEPS = [
@@ -81,6 +89,44 @@ CONFIG_ENV = "ORT_LAZY_BUILD_CONFIG"
 #: A wheel built by this run, for the tests that check what the build produced.
 TEST_WHEEL_ENV = "ORT_LAZY_TEST_WHEEL"
 EXTENSION_SUFFIXES = (".so", ".pyd")
+
+
+@dataclass(frozen=True)
+class Wheels:
+    """The binary wheels a pinned package publishes on PyPI: for which CPythons and platforms."""
+
+    requirement: str
+    pythons: tuple[tuple[int, int], ...]
+    #: platform as ``sysconfig.get_platform()`` names it -> the wheel's platform tag
+    platforms: dict[str, str]
+    #: the oldest glibc the Linux wheels (manylinux_X_Y) run on
+    glibc: tuple[int, int] | None = None
+
+    def describe(self) -> str:
+        pythons = ", ".join(f"{a}.{b}" for a, b in self.pythons)
+        return f"{self.requirement} has wheels for CPython {pythons} on {', '.join(self.platforms.values())}"
+
+    def problem(self, version: tuple[int, int], plat: str, glibc: tuple[int, int] | None) -> str | None:
+        """Why no wheel installs on Python ``version`` and platform ``plat``; None if one does."""
+        if version not in self.pythons:
+            return f"no wheel for Python {version[0]}.{version[1]}"
+        if plat not in self.platforms:
+            return f"no wheel for platform {plat}"
+        if plat.startswith("linux") and self.glibc and (glibc is None or glibc < self.glibc):
+            found = "no glibc" if glibc is None else f"glibc {glibc[0]}.{glibc[1]}"
+            return f"its Linux wheels need glibc {self.glibc[0]}.{self.glibc[1]} or newer, this system has {found}"
+        return None
+
+
+#: onnxruntime-openvino 1.24.1 on PyPI: cp311-cp313, manylinux_2_28_x86_64 and win_amd64 (no
+#: Python 3.10 or 3.14, no macOS, no Linux on Arm). On Windows the OpenVINO runtime is not in the
+#: wheel: it needs `pip install openvino` as well (build.py does not add it).
+OPENVINO_WHEELS = Wheels(
+    ORT_FLAVOURS["openvino"],
+    pythons=((3, 11), (3, 12), (3, 13)),
+    platforms={"linux-x86_64": "manylinux_2_28_x86_64", "win-amd64": "win_amd64"},
+    glibc=(2, 28),
+)
 
 
 # --------------------------------------------------------------------------- arguments
@@ -139,6 +185,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="pair the build with onnxruntime-training==1.19.2 instead of onnxruntime",
     )
     b.add_argument(
+        "--use_openvino",
+        action="store_true",
+        help=f"pair the build with {ORT_FLAVOURS['openvino']} (ORT with the OpenVINO execution provider) "
+        "instead of onnxruntime; stops before changing anything when it has no wheel for this Python "
+        "and platform",
+    )
+    b.add_argument(
         "--config",
         default="Release",
         choices=CONFIGS,
@@ -158,6 +211,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     t = p.add_argument_group("run")
     t.add_argument("--test", action="store_true", help="run the test suite (pytest -n WORKERS)")
+    t.add_argument(
+        "--tests",
+        nargs="+",
+        default=None,
+        metavar="PATH",
+        help="with --test: run these test files, folders or test ids (tests/test_x.py::test_y; relative "
+        "to the source tree) instead of the whole tests/ folder; --workers, --shards and --full apply",
+    )
+    t.add_argument(
+        "--pytest_args",
+        default=None,
+        metavar="ARGS",
+        help="with --test: more pytest arguments, one shell-quoted string appended to the command "
+        "(e.g. --pytest_args='-k add --opinfo-samples 1')",
+    )
     t.add_argument(
         "--skip_tests", action="store_true", help="never run tests, even with --test (set-up only)"
     )
@@ -194,10 +262,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--full selects tests: add --test")
     if args.shards > 1 and not args.test:
         p.error("--shards/--shard select tests: add --test")
-    if args.use_cuda and args.enable_training:
+    if args.tests is not None and not args.test:
+        p.error("--tests selects tests: add --test")
+    if args.pytest_args is not None and not args.test:
+        p.error("--pytest_args is passed to the tests: add --test")
+    if args.pytest_args is not None:
+        try:
+            shlex.split(args.pytest_args)
+        except ValueError as e:
+            p.error(f"--pytest_args: {e}")
+    chosen = [f for f in ("--use_cuda", "--enable_training", "--use_openvino") if getattr(args, f[2:])]
+    if len(chosen) > 1:
         p.error(
-            "--use_cuda and --enable_training pick different ORT packages that share the module "
-            "`onnxruntime`; choose one"
+            f"{' and '.join(chosen)} pick different ORT packages that share the module `onnxruntime`; "
+            "choose one"
         )
     if args.cuda_version is not None:
         if not args.use_cuda:
@@ -329,6 +407,21 @@ def gpu_visible() -> bool:
     return gpus.is_dir() and any(gpus.iterdir())
 
 
+def host_platform() -> str:
+    """This machine as wheel platforms are matched here: ``sysconfig.get_platform()``
+    (``linux-x86_64``, ``win-amd64``), macOS without its version (``macosx-arm64``)."""
+    plat = sysconfig.get_platform()
+    m = re.fullmatch(r"macosx-[\d.]+-(\w+)", plat)
+    return f"macosx-{m.group(1)}" if m else plat
+
+
+def glibc_version() -> tuple[int, int] | None:
+    """(major, minor) of the C library when it is glibc; None otherwise (musl, not Linux)."""
+    lib, version = platform.libc_ver()
+    m = re.match(r"(\d+)\.(\d+)", version)
+    return (int(m.group(1)), int(m.group(2))) if lib == "glibc" and m else None
+
+
 def package_version() -> str:
     m = re.search(r'^__version__\s*=\s*"([^"]+)"', (PACKAGE_DIR / "_version.py").read_text(), re.M)
     if not m:
@@ -352,6 +445,8 @@ def supported_pythons() -> tuple[tuple[int, int], tuple[int, int]]:
 def ort_requirement(args: argparse.Namespace) -> str:
     if args.enable_training:
         return ORT_FLAVOURS["training"]
+    if args.use_openvino:
+        return ORT_FLAVOURS["openvino"]
     return ORT_FLAVOURS["cuda" if args.use_cuda else "cpu"]
 
 
@@ -707,12 +802,26 @@ def plan(args: argparse.Namespace, py: str | None = None) -> list[Step]:
     return steps
 
 
+def test_paths(args: argparse.Namespace) -> list[str]:
+    """What pytest collects: ``--tests`` (relative ones taken from the source tree, ``::test``
+    ids kept), else the whole tests/ folder."""
+    if not args.tests:
+        return [str(ROOT / "tests")]
+    out = []
+    for target in args.tests:
+        path, sep, node = target.partition("::")
+        out.append(str(ROOT / path) + sep + node)
+    return out
+
+
 def test_command(args: argparse.Namespace, py: str) -> list[str]:
-    cmd = [py, "-m", "pytest", "-q", "-n", str(args.workers), str(ROOT / "tests")]
+    cmd = [py, "-m", "pytest", "-q", "-n", str(args.workers), *test_paths(args)]
     if args.full:
         cmd += ["--opinfo=full", "--full-tier", "--max-worker-restart", "100"]
     if args.shards > 1:
         cmd += ["--shards", str(args.shards), "--shard", str(args.shard)]
+    if args.pytest_args:
+        cmd += shlex.split(args.pytest_args)
     return cmd
 
 
@@ -741,9 +850,16 @@ def describe(args: argparse.Namespace) -> dict[str, Any]:
             "gpu_visible": gpu_visible(),
         },
         "wheel": str(wheel_path(args)) if args.build_wheel else None,
+        "openvino": openvino_wheels(args),
         "tests": None
         if not args.test or args.skip_tests
-        else {"shards": args.shards, "shard": args.shard, "workers": args.workers},
+        else {
+            "shards": args.shards,
+            "shard": args.shard,
+            "workers": args.workers,
+            "paths": test_paths(args),
+            "pytest_args": shlex.split(args.pytest_args) if args.pytest_args else [],
+        },
         "steps": [s.describe() for s in plan(args, py)],
     }
 
@@ -751,11 +867,44 @@ def describe(args: argparse.Namespace) -> dict[str, Any]:
 # --------------------------------------------------------------------------- checks and actions
 
 
+def openvino_wheels(args: argparse.Namespace) -> dict[str, Any] | None:
+    """With --use_openvino: where its wheels exist, this machine, and why none installs here
+    (``problem``; None when one does). What --dry_run shows of the wheel check."""
+    if not args.use_openvino:
+        return None
+    version = (sys.version_info.major, sys.version_info.minor)
+    plat, glibc = host_platform(), glibc_version()
+    return {
+        "requirement": OPENVINO_WHEELS.requirement,
+        "pythons": [f"{a}.{b}" for a, b in OPENVINO_WHEELS.pythons],
+        "platforms": list(OPENVINO_WHEELS.platforms.values()),
+        "here": {
+            "python": f"{version[0]}.{version[1]}",
+            "platform": plat,
+            "glibc": None if glibc is None else f"{glibc[0]}.{glibc[1]}",
+        },
+        "problem": OPENVINO_WHEELS.problem(version, plat, glibc),
+    }
+
+
+def missing_tests(args: argparse.Namespace) -> list[str]:
+    """The --tests entries whose file or folder does not exist."""
+    targets = args.tests or []
+    return [t for t, path in zip(targets, test_paths(args)) if not Path(path.partition("::")[0]).exists()]
+
+
 def checks(args: argparse.Namespace) -> list[str]:
     """What is checked before anything is changed (the --dry_run view of preflight())."""
     out = ["python version"]
+    if args.tests and args.test and not args.skip_tests:
+        out.append("--tests paths exist")
     if args.enable_training:
         out.append("onnxruntime-training wheels for this python")
+    if args.use_openvino:
+        out += [
+            f"{OPENVINO_WHEELS.requirement} wheels for this python and platform",
+            "new packages fetched before a switch removes anything",
+        ]
     if args.use_cuda:
         out += ["nvcc found, its CUDA version matches --cuda_version"]
         if (args.test and not args.skip_tests) or args.demo:
@@ -774,11 +923,31 @@ def preflight(args: argparse.Namespace, version: tuple[int, int] | None = None) 
             f"build.py: ort-lazy supports Python {lo[0]}.{lo[1]} to {hi[0]}.{hi[1] - 1} (torch's wheels); "
             f"this is {version[0]}.{version[1]}"
         )
+    if args.test and not args.skip_tests and missing_tests(args):
+        sys.exit(
+            f"build.py: --tests: no such test file or folder: {', '.join(missing_tests(args))} "
+            f"(relative paths are taken from {ROOT})"
+        )
     if args.enable_training and not args.skip_deps and version >= (3, 13):
         sys.exit(
             f"build.py: --enable_training installs {ORT_FLAVOURS['training']}, which has no wheels for "
             f"Python {version[0]}.{version[1]}; use Python 3.10-3.12"
         )
+    if args.use_openvino and not args.skip_deps:
+        plat = host_platform()
+        problem = OPENVINO_WHEELS.problem(version, plat, glibc_version())
+        if problem:
+            advice = (
+                " Run build.py with one of those Pythons, or keep onnxruntime and add the OpenVINO "
+                "plugin, whose wheels take any Python 3: pip install onnxruntime-ep-openvino, then "
+                "ep_libraries='onnxruntime_ep_openvino'."
+                if plat in OPENVINO_WHEELS.platforms and problem.startswith("no wheel for Python")
+                else ""
+            )
+            sys.exit(
+                f"build.py: --use_openvino installs {OPENVINO_WHEELS.requirement}: {problem}. "
+                f"{OPENVINO_WHEELS.describe()}; nothing was changed.{advice}"
+            )
     if not args.use_cuda:
         return
     nvcc = find_nvcc(args)

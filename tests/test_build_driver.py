@@ -1,14 +1,15 @@
 """build.py's decisions: the plan for each flag, checks before changes, and safe package switches.
 
 The plan tests run ``build.py --dry_run`` (nothing is installed or built). The switch tests use a
-throw-away virtual environment with stand-in ``onnxruntime`` / ``onnxruntime-gpu`` / ``torch``
-wheels made here, so switching flavour, a failed fetch and a failed install are real pip runs
-that touch nothing else. What the build itself produces is checked in test_bridge_build.py.
+throw-away virtual environment with stand-in ``onnxruntime`` / ``onnxruntime-gpu`` /
+``onnxruntime-openvino`` / ``torch`` wheels made here, so switching flavour, a failed fetch and a
+failed install are real pip runs that touch nothing else. What the build itself produces is checked in test_bridge_build.py.
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -54,7 +55,9 @@ def expected_remove(flavour: str) -> list[str]:
     """The ORT flavours installed here that a run choosing ``flavour`` must remove."""
     have = build.installed(sys.executable)
     return [
-        n for n in ("onnxruntime", "onnxruntime-gpu", "onnxruntime-training") if n != flavour and n in have
+        n
+        for n in ("onnxruntime", "onnxruntime-gpu", "onnxruntime-training", "onnxruntime-openvino")
+        if n != flavour and n in have
     ]
 
 
@@ -85,10 +88,13 @@ FLAGS = [
     "--cuda_home",
     "--cuda_version",
     "--enable_training",
+    "--use_openvino",
     "--config",
     "--build_wheel",
     "--install",
     "--test",
+    "--tests",
+    "--pytest_args",
     "--skip_tests",
     "--shards",
     "--shard",
@@ -119,6 +125,11 @@ def test_help_documents_exactly_the_flags() -> None:
         ["--shards", "2", "--shard", "1"],
         ["--test", "--shards", "0"],
         ["--use_cuda", "--enable_training"],
+        ["--use_openvino", "--use_cuda"],
+        ["--use_openvino", "--enable_training"],
+        ["--tests", "tests/test_fx.py"],  # selects tests: needs --test
+        ["--pytest_args=-x"],  # passed to the tests: needs --test
+        ["--test", "--pytest_args=-k 'unbalanced"],
         ["--cuda_version", "12.6"],
         ["--use_cuda", "--cuda_version", "twelve"],
         ["--cuda_home", "/usr/local/cuda"],
@@ -131,6 +142,21 @@ def test_removed_flags_and_bad_combinations_are_refused(flags: list[str]) -> Non
         [sys.executable, str(ROOT / "build.py"), "--dry_run", *flags], capture_output=True, text=True
     )
     assert out.returncode == 2 and "error:" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--use_openvino", "--use_cuda"], "--use_cuda and --use_openvino"),
+        (["--enable_training", "--use_openvino"], "--enable_training and --use_openvino"),
+        (["--use_cuda", "--enable_training", "--use_openvino"], "--use_cuda and --enable_training and"),
+    ],
+)
+def test_ort_flavour_flags_exclude_each_other(flags: list[str], named: str) -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "build.py"), "--dry_run", *flags], capture_output=True, text=True
+    )
+    assert out.returncode == 2 and named in out.stderr and "choose one" in out.stderr, out.stderr
 
 
 def test_plan_lazy_tensor_test() -> None:
@@ -209,6 +235,39 @@ def test_plan_use_cuda_picks_cuda_torch_and_onnxruntime_gpu() -> None:
     assert "GPU visible" not in plan["checks"]  # no tests or demo: a build-only machine is fine
 
 
+def test_plan_use_openvino() -> None:
+    plan = dry_run("--no_venv", "--use_openvino", "--enable_lazy_tensor", "--test")
+    requirement = "onnxruntime-openvino==1.24.1"
+    assert build.ORT_FLAVOURS["openvino"] == build.OPENVINO_WHEELS.requirement == requirement
+    assert plan["onnxruntime"] == {"flavour": "onnxruntime-openvino", "requirement": requirement}
+    # the CPU torch stays: no CUDA index, no CUDA checks
+    assert plan["torch"]["install"] == build.TORCH_PIN and plan["torch"]["index"] is None
+    assert plan["cuda"] is None and "check torch is a CUDA build" not in titles(plan)
+    remove = expected_remove("onnxruntime-openvino")
+    if remove:  # the suite's own onnxruntime: replaced through the switch, fetched first
+        assert plan["switch"]["remove"] == remove and plan["switch"]["install"] == [requirement]
+        (fetch,) = plan["switch"]["fetch"]
+        assert shlex.split(fetch)[3] == "download" and shlex.split(fetch)[-1] == requirement
+        assert titles(plan)[0] == "switch packages (fetched first, restored on failure)"
+    else:
+        assert plan["switch"] is None
+    deps = argv_of(step(plan, "install dependencies"))
+    assert requirement in deps and "onnxruntime" not in deps and "onnxruntime-gpu" not in deps
+    assert not any("uninstall" in s["cmd"] for s in plan["steps"]), "uninstalls happen in the switch only"
+    assert "onnxruntime-openvino==1.24.1 wheels for this python and platform" in plan["checks"]
+    assert "new packages fetched before a switch removes anything" in plan["checks"]
+    wheels = plan["openvino"]
+    assert wheels["pythons"] == ["3.11", "3.12", "3.13"]
+    assert wheels["platforms"] == ["manylinux_2_28_x86_64", "win_amd64"]
+    here = (sys.version_info.major, sys.version_info.minor)
+    assert wheels["here"]["python"] == "{}.{}".format(*here)
+    assert wheels["here"]["platform"] == build.host_platform()
+    assert wheels["problem"] == build.OPENVINO_WHEELS.problem(
+        here, build.host_platform(), build.glibc_version()
+    )
+    assert dry_run("--no_venv", "--skip_deps")["openvino"] is None
+
+
 def test_plan_enable_training() -> None:
     plan = dry_run("--no_venv", "--enable_training", "--test", "--shards", "2", "--shard", "1")
     assert plan["onnxruntime"] == {
@@ -266,7 +325,13 @@ def test_plan_shards_workers_skip_tests_demo_torch_spec_and_index() -> None:
         "--shard",
         "3",
     ]
-    assert plan["tests"] == {"shards": 4, "shard": 3, "workers": "3"}
+    assert plan["tests"] == {
+        "shards": 4,
+        "shard": 3,
+        "workers": "3",
+        "paths": [str(ROOT / "tests")],
+        "pytest_args": [],
+    }
     full = dry_run("--no_venv", "--skip_deps", "--test", "--full")
     assert argv_of(step(full, "run the tests"))[7:10] == [
         "--opinfo=full",
@@ -287,6 +352,69 @@ def test_plan_shards_workers_skip_tests_demo_torch_spec_and_index() -> None:
     ]
 
 
+def test_plan_tests_selects_paths_and_keeps_workers_shards_and_full() -> None:
+    plan = dry_run(
+        "--no_venv",
+        "--skip_deps",
+        "--test",
+        "--tests",
+        "tests/test_options.py::test_env",
+        "tests/opinfo",
+        "--workers",
+        "1",
+        "--full",
+        "--shards",
+        "3",
+        "--shard",
+        "2",
+        "--pytest_args",
+        "-k 'add or mul' --opinfo-samples 1",
+    )
+    paths = [str(ROOT / "tests" / "test_options.py") + "::test_env", str(ROOT / "tests" / "opinfo")]
+    assert argv_of(step(plan, "run the tests"))[1:] == [
+        "-m",
+        "pytest",
+        "-q",
+        "-n",
+        "1",
+        *paths,
+        "--opinfo=full",
+        "--full-tier",
+        "--max-worker-restart",
+        "100",
+        "--shards",
+        "3",
+        "--shard",
+        "2",
+        "-k",
+        "add or mul",
+        "--opinfo-samples",
+        "1",
+    ]
+    assert plan["tests"]["paths"] == paths and plan["tests"]["pytest_args"][:2] == ["-k", "add or mul"]
+    assert "--tests paths exist" in plan["checks"]
+    whole = dry_run("--no_venv", "--skip_deps", "--test")
+    assert argv_of(step(whole, "run the tests"))[6:] == [str(ROOT / "tests")], "--test alone: every test"
+    assert "--tests paths exist" not in whole["checks"]
+
+
+def test_missing_test_path_stops_before_any_change() -> None:
+    args = build.parse_args(
+        ["--no_venv", "--skip_deps", "--test", "--tests", "tests/opinfo", "tests/nope.py"]
+    )
+    assert build.missing_tests(args) == ["tests/nope.py"]
+    with pytest.raises(SystemExit, match="no such test file or folder: tests/nope.py"):
+        build.preflight(args)
+    skipped = build.parse_args(["--no_venv", "--test", "--skip_tests", "--tests", "tests/nope.py"])
+    build.preflight(skipped)  # no tests run: nothing to look for
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "build.py"), "--no_venv", "--test", "--tests", "tests/nope.py::test_x"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode != 0 and "tests/nope.py::test_x" in out.stderr and "+ " not in out.stdout
+
+
 def test_preflight_refuses_unsupported_python() -> None:
     lo, hi = build.supported_pythons()
     args = build.parse_args(["--no_venv", "--skip_deps"])
@@ -297,6 +425,65 @@ def test_preflight_refuses_unsupported_python() -> None:
             build.preflight(args, version=bad)
     with pytest.raises(SystemExit, match="no wheels for"):
         build.preflight(build.parse_args(["--no_venv", "--enable_training"]), version=(3, 13))
+
+
+def test_preflight_openvino_needs_a_wheel_for_this_python_and_platform(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """onnxruntime-openvino 1.24.1 has wheels for CPython 3.11-3.13, manylinux_2_28_x86_64 and
+    win_amd64: anything else stops before a change, saying where wheels exist."""
+    args = build.parse_args(["--no_venv", "--use_openvino"])
+    where = "CPython 3.11, 3.12, 3.13 on manylinux_2_28_x86_64, win_amd64"
+    monkeypatch.setattr(build, "host_platform", lambda: "linux-x86_64")
+    monkeypatch.setattr(build, "glibc_version", lambda: (2, 35))
+    lo, hi = build.supported_pythons()
+    for minor in range(lo[1], hi[1]):
+        if (3, minor) in ((3, 11), (3, 12), (3, 13)):
+            build.preflight(args, version=(3, minor))
+        else:
+            with pytest.raises(SystemExit, match=rf"no wheel for Python 3\.{minor}\b") as refused:
+                build.preflight(args, version=(3, minor))
+            assert where in str(refused.value) and "nothing was changed" in str(refused.value)
+            assert "pip install onnxruntime-ep-openvino" in str(refused.value)  # the plugin takes any Python
+    build.preflight(build.parse_args(["--no_venv", "--use_openvino", "--skip_deps"]), version=(3, 10))
+    monkeypatch.setattr(build, "glibc_version", lambda: (2, 17))
+    with pytest.raises(SystemExit, match=r"need glibc 2\.28 or newer, this system has glibc 2\.17"):
+        build.preflight(args, version=(3, 12))
+    monkeypatch.setattr(build, "glibc_version", lambda: None)  # musl
+    with pytest.raises(SystemExit, match="this system has no glibc"):
+        build.preflight(args, version=(3, 12))
+    for plat in ("macosx-arm64", "linux-aarch64"):
+        monkeypatch.setattr(build, "host_platform", lambda plat=plat: plat)
+        with pytest.raises(SystemExit, match=f"no wheel for platform {plat}") as refused:
+            build.preflight(args, version=(3, 12))
+        assert where in str(refused.value) and "onnxruntime-ep-openvino" not in str(refused.value)
+    monkeypatch.setattr(build, "host_platform", lambda: "win-amd64")
+    build.preflight(args, version=(3, 13))
+
+
+def test_host_platform_and_glibc(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(build.sysconfig, "get_platform", lambda: "macosx-11.0-arm64")
+    assert build.host_platform() == "macosx-arm64"
+    monkeypatch.setattr(build.sysconfig, "get_platform", lambda: "linux-x86_64")
+    assert build.host_platform() == "linux-x86_64"
+    monkeypatch.setattr(build.platform, "libc_ver", lambda: ("glibc", "2.28"))
+    assert build.glibc_version() == (2, 28)
+    monkeypatch.setattr(build.platform, "libc_ver", lambda: ("", ""))
+    assert build.glibc_version() is None
+
+
+def test_use_openvino_without_a_wheel_stops_before_any_change() -> None:
+    """build.py's main() runs the wheel check before its first command (here: as on macOS)."""
+    code = (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('b', {str(ROOT / 'build.py')!r})\n"
+        "b = importlib.util.module_from_spec(spec); sys.modules['b'] = b; spec.loader.exec_module(b)\n"
+        "b.host_platform = lambda: 'macosx-arm64'\n"
+        "b.main(['--no_venv', '--use_openvino', '--enable_lazy_tensor', '--test'])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "no wheel for platform macosx-arm64" in out.stderr, out.stderr
+    assert "+ " not in out.stdout, "a command ran before the check"
 
 
 def test_use_cuda_without_toolkit_stops_before_any_change(tmp_path: Path) -> None:
@@ -409,6 +596,10 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     wheels.mkdir()
     for name, flavour in (("onnxruntime", "cpu"), ("onnxruntime-gpu", "gpu")):
         make_wheel(wheels, name, "1.0", {"onnxruntime/__init__.py": f"FLAVOUR = {flavour!r}\n"})
+    # build.py's pin (onnxruntime-openvino==1.24.1), so its switch finds it among the stand-ins
+    make_wheel(
+        wheels, "onnxruntime-openvino", "1.24.1", {"onnxruntime/__init__.py": "FLAVOUR = 'openvino'\n"}
+    )
     make_wheel(
         wheels,
         "torch",
@@ -433,7 +624,7 @@ def offline(sandbox: dict[str, Path]) -> list[str]:
 def reset(sandbox: dict[str, Path], *reqs: str) -> dict[str, str]:
     """Put the sandbox in a known state: exactly ``reqs`` of the stand-ins installed."""
     py = str(sandbox["py"])
-    stand_ins = ["onnxruntime", "onnxruntime-gpu", "torch"]
+    stand_ins = ["onnxruntime", "onnxruntime-gpu", "onnxruntime-openvino", "torch"]
     pip = [py, "-m", "pip"]
     subprocess.run(
         [*pip, "uninstall", "-y", "-q", *stand_ins], capture_output=True, check=True, env=SANDBOX_ENV
@@ -453,13 +644,14 @@ def flavour(sandbox: dict[str, Path]) -> str:
 class Recorder:
     """Runs commands for real and remembers them; ``fail_install`` fakes a failure of the real install."""
 
-    def __init__(self, fail_install: bool = False) -> None:
+    def __init__(self, fail_install: bool = False, env: dict[str, str] | None = None) -> None:
         self.commands: list[list[str]] = []
         self.fail_install = fail_install
+        self.env = env or SANDBOX_ENV
 
     def __call__(self, cmd: list[str]) -> int:
         self.commands.append(cmd)
-        code = subprocess.run(cmd, capture_output=True, env=SANDBOX_ENV).returncode
+        code = subprocess.run(cmd, capture_output=True, env=self.env).returncode
         real_install = cmd[3] == "install" and "--dry-run" not in cmd
         return 1 if self.fail_install and real_install else code
 
@@ -528,10 +720,84 @@ def test_build_py_use_cuda_unreachable_index_leaves_the_environment(
     assert build.installed(str(sandbox["py"])) == before and flavour(sandbox) == "cpu"
 
 
+def offline_env(sandbox: dict[str, Path], links: Path | None = None) -> dict[str, str]:
+    """pip with no index: only the stand-in wheels (or the folder ``links``)."""
+    return {**SANDBOX_ENV, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(links or sandbox["wheels"])}
+
+
+def openvino_switch(sandbox: dict[str, Path], runner: Recorder) -> Any:
+    """The switch build.py plans for --use_openvino in the sandbox, run by ``runner``."""
+    planned = build.switch_for(build.parse_args(["--use_openvino"]), str(sandbox["py"]))
+    assert planned is not None
+    return dataclasses.replace(planned, runner=runner)
+
+
+def test_openvino_switch_planned_from_onnxruntime_and_restored_on_failed_install(
+    sandbox: dict[str, Path],
+) -> None:
+    before = reset(sandbox, "onnxruntime==1.0")
+    runner = Recorder(fail_install=True, env=offline_env(sandbox))  # installed, then "fails"
+    switch_ = openvino_switch(sandbox, runner)
+    assert switch_.remove == ["onnxruntime"] and switch_.requirements() == ["onnxruntime-openvino==1.24.1"]
+    assert switch_.fetch == [(["onnxruntime-openvino==1.24.1"], [])], "from pip's own index, fetched first"
+    with pytest.raises(SystemExit, match="the environment was restored"):
+        switch_.apply()
+    verbs = ["dry-run" if "--dry-run" in c else c[3] for c in runner.commands]
+    assert verbs[:4] == ["download", "dry-run", "uninstall", "install"], verbs  # then the restore
+    assert build.installed(str(sandbox["py"])) == before
+    assert flavour(sandbox) == "cpu", "the CPU flavour's files were not put back"
+    assert not switch_.workdir.exists()
+
+
+def test_openvino_switch_succeeds_and_switches_back(sandbox: dict[str, Path]) -> None:
+    before = reset(sandbox, "onnxruntime==1.0")
+    openvino_switch(sandbox, Recorder(env=offline_env(sandbox))).apply()
+    after = build.installed(str(sandbox["py"]))
+    assert "onnxruntime" not in after and after["onnxruntime-openvino"] == "1.24.1"
+    assert flavour(sandbox) == "openvino"
+    assert {k: v for k, v in after.items() if k != "onnxruntime-openvino"} == {
+        k: v for k, v in before.items() if k != "onnxruntime"
+    }
+    # and the default flavour takes it out again
+    back = build.switch_for(build.parse_args([]), str(sandbox["py"]))
+    assert (
+        back is not None
+        and back.remove == ["onnxruntime-openvino"]
+        and back.requirements() == ["onnxruntime"]
+    )
+
+
+def test_build_py_use_openvino_without_the_wheel_leaves_the_environment(
+    sandbox: dict[str, Path], tmp_path: Path
+) -> None:
+    """build.py --use_openvino in an environment with onnxruntime, onnxruntime-openvino not to be
+    had: it stops at the wheel check or at the fetch, before uninstalling anything."""
+    before = reset(sandbox, "onnxruntime==1.0")
+    cmd = [str(sandbox["py"]), str(ROOT / "build.py"), "--use_openvino"]
+    plan = json.loads(
+        subprocess.run([*cmd, "--dry_run"], capture_output=True, text=True, env=offline_env(sandbox)).stdout
+    )
+    assert plan["switch"]["remove"] == ["onnxruntime"]
+    assert plan["switch"]["install"] == ["onnxruntime-openvino==1.24.1"]
+    (tmp_path / "empty").mkdir()
+    out = subprocess.run(cmd, capture_output=True, text=True, env=offline_env(sandbox, tmp_path / "empty"))
+    assert out.returncode != 0 and "nothing was changed" in out.stderr, out.stderr
+    if plan["openvino"]["problem"]:  # no wheel for this Python/platform: the check stops it
+        assert "+ " not in out.stdout and plan["openvino"]["problem"] in out.stderr
+    else:  # the fetch fails
+        assert "could not fetch onnxruntime-openvino==1.24.1" in out.stderr
+    assert "uninstall" not in out.stdout and "Skipping" not in out.stdout + out.stderr
+    assert build.installed(str(sandbox["py"])) == before and flavour(sandbox) == "cpu"
+
+
 def test_plan_removes_only_installed_flavours(sandbox: dict[str, Path]) -> None:
     reset(sandbox, "onnxruntime-gpu==1.0")
     plan = dry_run("--skip_tests", python=str(sandbox["py"]))
     assert plan["switch"]["remove"] == ["onnxruntime-gpu"] and plan["switch"]["install"] == ["onnxruntime"]
     assert titles(plan)[0] == "switch packages (fetched first, restored on failure)"
+    reset(sandbox, "onnxruntime-openvino==1.24.1")
+    plan = dry_run("--skip_tests", python=str(sandbox["py"]))
+    assert plan["switch"]["remove"] == ["onnxruntime-openvino"]
+    assert dry_run("--use_openvino", python=str(sandbox["py"]))["switch"] is None
     reset(sandbox, "onnxruntime==1.0")
     assert dry_run(python=str(sandbox["py"]))["switch"] is None

@@ -165,6 +165,18 @@ def test_recipe_renders_exactly_cpu_and_cuda(platform: str) -> None:
     assert any(s.startswith("cuda-version ==") for s in requirements(cuda)["host"])
 
 
+def test_recipe_has_no_openvino_variant_and_says_how_conda_gets_it() -> None:
+    """conda-forge has no OpenVINO build of onnxruntime and no onnxruntime-openvino: the recipe
+    asks for neither and points conda users at the plugin (build.py --use_openvino is pip's)."""
+    for platform in ("linux-64", "win-64"):
+        for variant in render(platform, VARIANTS):
+            specs = [s for section in requirements(variant).values() for s in section if isinstance(s, str)]
+            assert not [s for s in specs if "openvino" in s], specs
+    text = RECIPE.read_text()
+    assert "onnxruntime-ep-openvino" in text and 'ep_libraries="onnxruntime_ep_openvino"' in text
+    assert build.ORT_FLAVOURS["openvino"].startswith("onnxruntime-openvino==")
+
+
 def test_recipe_osx_arm64_is_cpu_only() -> None:
     variants = render("osx-arm64", VARIANTS)
     assert [v.recipe.build.string.split("_")[0] for v in variants] == ["cpu"]
@@ -355,7 +367,7 @@ def build_py_invocations(job: dict[str, Any], env: dict[str, str]) -> list[tuple
 
 def test_workflow_parses_and_has_the_jobs() -> None:
     wf = workflow()
-    assert set(wf["jobs"]) >= {"lint", "test", "training", "wheel", "conda"}
+    assert set(wf["jobs"]) >= {"lint", "test", "full", "training", "openvino", "wheel", "conda"}
     lint = " ".join(s.get("run", "") for s in wf["jobs"]["lint"]["steps"])
     assert "ruff check" in lint
 
@@ -470,6 +482,39 @@ def test_workflow_training_wheel_and_conda_jobs() -> None:
         assert files == ["recipe/variants.yaml", f"ci/conda/{combo['variant']}.yaml"]
         assert all((ROOT / f).is_file() for f in files)
         assert argv[argv.index("--target-platform") + 1] == combo["platform"]
+
+
+def test_workflow_openvino_job() -> None:
+    """The onnxruntime-openvino job: build.py --use_openvino on Linux, on a Python its wheels
+    exist for, running OPENVINO_TESTS in the fast tier (SHARDS shards) and the full tier (as many
+    shards as the full job)."""
+    wf = workflow()
+    job = wf["jobs"]["openvino"]
+    assert job["runs-on"].startswith("ubuntu")
+    (setup,) = [s for s in job["steps"] if "setup-python" in s.get("uses", "")]
+    major, minor = (int(n) for n in str(setup["with"]["python-version"]).split("."))
+    assert (major, minor) in build.OPENVINO_WHEELS.pythons, "a Python onnxruntime-openvino has wheels for"
+    assert "linux-x86_64" in build.OPENVINO_WHEELS.platforms
+    runs = build_py_invocations(job, wf["env"])
+    assert len(runs) == len(expand_matrix(job["strategy"]["matrix"]))
+    selected = wf["env"]["OPENVINO_TESTS"].split()
+    assert "tests/opinfo" in selected
+    tiers: dict[bool, set[int]] = {}
+    shards: dict[bool, set[int]] = {}
+    for combo, args in runs:
+        assert args.use_openvino and not args.use_cuda and not args.enable_training
+        assert build.ort_requirement(args) == build.ORT_FLAVOURS["openvino"]
+        assert args.test and not args.skip_tests and args.tests == selected
+        assert args.enable_lazy_tensor and args.torch_index == wf["env"]["TORCH_CPU_INDEX"]
+        assert args.full == (combo["tier"] == "full") and args.shard == combo["shard"]
+        tiers.setdefault(args.full, set()).add(args.shard)
+        shards.setdefault(args.full, set()).add(args.shards)
+    (full_shards,) = {a.shards for _, a in build_py_invocations(wf["jobs"]["full"], wf["env"])}
+    fast_shards = int(wf["env"]["SHARDS"])
+    assert shards == {False: {fast_shards}, True: {full_shards}}
+    assert tiers == {False: set(range(fast_shards)), True: set(range(full_shards))}, (
+        "every shard of each tier"
+    )
 
 
 def test_github_workflow_is_the_ci_copy():
