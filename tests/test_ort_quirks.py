@@ -8,15 +8,23 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 import torch
 from onnx import TensorProto, helper
 
 from helpers import assert_close, assert_ran_on_ort, aten_graph, captured_exports, compile_ort, train_parity
+from ort_lazy.runtime.flavour import max_ir_version
 from ort_lazy.runtime.quirks import (
+    AVERAGE_POOL_PADDED_DIVISOR,
     DOUBLE_LOG_SOFTMAX_NAN,
+    INT64_REDUCTIONS_IN_DOUBLE_SINCE,
+    KERNEL_FIXES_FACT,
     MATMUL_TRANSPOSE_FUSION,
     MATMUL_TRANSPOSES_FACT,
     NOT_WHERE_FUSION,
+    NOT_WHERE_FUSION_SINCE,
+    OPENVINO_REDUCE_MAX_LOWEST,
+    POOL_CEIL_EXTRA_WINDOW,
     SIGMOID_APPROXIMATION,
     SKIP_LAYER_NORM_FUSION,
     WHERE_DROPS_NEGATIVE_ZERO,
@@ -24,7 +32,16 @@ from ort_lazy.runtime.quirks import (
     disabled_optimizers,
     exact_sigmoid,
     fuse_matmul_transposes,
+    has_bug,
+    kernel_fixes,
 )
+
+
+def _model(graph: onnx.GraphProto, **kwargs: object) -> onnx.ModelProto:
+    """``helper.make_model`` at the newest IR version the installed onnxruntime loads."""
+    model = helper.make_model(graph, **kwargs)
+    model.ir_version = min(model.ir_version, max_ir_version())
+    return model
 
 
 def _transposed_matvec() -> bytes:
@@ -35,7 +52,7 @@ def _transposed_matvec() -> bytes:
         [helper.make_tensor_value_info("A", TensorProto.FLOAT, [5, 4]), helper.make_tensor_value_info("v", TensorProto.FLOAT, [5])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
+    return _model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
 
 
 def _run(model: bytes, **kwargs: object) -> float:
@@ -67,7 +84,7 @@ def test_models_without_vector_products_keep_every_optimizer() -> None:
         [helper.make_tensor_value_info("A", TensorProto.FLOAT, [5, 4]), helper.make_tensor_value_info("B", TensorProto.FLOAT, [5, 3])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 3])],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
+    model = _model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
     assert disabled_optimizers(model) == []
     assert disabled_optimizers(b"no matrix products here") == []
 
@@ -93,7 +110,7 @@ def _transposed_products(elem_type: int = TensorProto.FLOAT, names: tuple[str, .
         inputs += [helper.make_tensor_value_info(f"{name}_t", elem_type, shape), helper.make_tensor_value_info(f"{name}_o", elem_type, other)]
         outputs.append(helper.make_tensor_value_info(f"{name}_y", elem_type, None))
     graph = helper.make_graph(nodes, "g", inputs, outputs)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
+    return _model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
 
 
 def _products_feeds() -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -184,19 +201,20 @@ def _int64_reduction(op: str) -> ort.InferenceSession:
         [helper.make_tensor_value_info("x", TensorProto.INT64, [2])],
         [helper.make_tensor_value_info("y", TensorProto.INT64, [])],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
+    model = _model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
     return ort.InferenceSession(model, providers=["CPUExecutionProvider"])
 
 
-def test_int64_reduce_sum_and_prod_still_go_through_double_in_this_onnxruntime() -> None:
-    """ort-lazy lowers int64/int32 sum to CumSum and prod to a tree of Mul
+def test_int64_reduce_sum_and_prod_go_through_double_in_the_versions_said() -> None:
+    """ort-lazy lowers int64/int32 sum to CumSum and prod to a tree of Mul on every version
     (``ort_lazy.lowering.reductions.integer_sum`` / ``integer_prod``; tested in test_correctness)."""
     x = np.array([2**53 + 1, 2], dtype=np.int64)
     got_sum = int(_int64_reduction("ReduceSum").run(None, {"x": x})[0])
     got_prod = int(_int64_reduction("ReduceProd").run(None, {"x": x})[0])
-    assert got_sum != 2**53 + 3 and got_prod != (2**53 + 1) * 2, (
-        f"onnxruntime {ort.__version__} sums and multiplies int64 exactly: the integer_sum / integer_prod "
-        "rewrites may go for this version"
+    inexact = got_sum != 2**53 + 3 and got_prod != (2**53 + 1) * 2
+    assert inexact == has_bug(INT64_REDUCTIONS_IN_DOUBLE_SINCE), (
+        f"onnxruntime {ort.__version__} {'rounds' if inexact else 'sums and multiplies'} int64 "
+        f"{'through double' if inexact else 'exactly'}: INT64_REDUCTIONS_IN_DOUBLE_SINCE says otherwise"
     )
 
 
@@ -212,7 +230,7 @@ def _selection(nodes: list) -> bytes:
         ],
         [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2])],
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
+    return _model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
 
 
 def test_where_still_drops_the_sign_of_a_negative_zero_from_its_first_branch() -> None:
@@ -227,14 +245,15 @@ def test_where_still_drops_the_sign_of_a_negative_zero_from_its_first_branch() -
     )
 
 
-def test_not_where_fusion_still_moves_the_second_branch_first_and_ort_lazy_turns_it_off() -> None:
+def test_not_where_fusion_moves_the_second_branch_first_in_the_versions_said_and_ort_lazy_turns_it_off() -> None:
     """``Where(Not(c), x, y)`` becomes ``Where(c, y, x)``: a -0.0 in ``y`` then comes from the
     first branch and loses its sign (WHERE_DROPS_NEGATIVE_ZERO)."""
     model = _selection([helper.make_node("Not", ["c"], ["n"]), helper.make_node("Where", ["n", "x", "y"], ["z"])])
     feeds = {"c": np.array([True, False]), "x": np.array([1.0, 2.0], np.float32), "y": np.array([-0.0, 3.0], np.float32)}
     fused = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
-    assert not np.signbit(fused[0]), (
-        f"onnxruntime {ort.__version__} keeps the sign through NotWhereFusion: NOT_WHERE_FUSION can go"
+    assert (not np.signbit(fused[0])) == has_bug(NOT_WHERE_FUSION_SINCE), (
+        f"onnxruntime {ort.__version__} {'drops' if not np.signbit(fused[0]) else 'keeps'} the sign through "
+        "NotWhereFusion: NOT_WHERE_FUSION_SINCE says otherwise"
     )
     assert NOT_WHERE_FUSION in disabled_optimizers(model)
     kept = ort.InferenceSession(model, providers=["CPUExecutionProvider"], disabled_optimizers=[NOT_WHERE_FUSION]).run(None, feeds)[0]
@@ -289,7 +308,7 @@ def _sigmoid_model(elem_type: int, in_function: bool = False) -> bytes:
     graph = helper.make_graph(
         nodes, "g", [helper.make_tensor_value_info("x", edge, None)], [helper.make_tensor_value_info("y", edge, None)]
     )
-    return helper.make_model(graph, opset_imports=opsets, functions=functions).SerializeToString()
+    return _model(graph, opset_imports=opsets, functions=functions).SerializeToString()
 
 
 def _sigmoid_steps(model: bytes, dtype: torch.dtype) -> float:
@@ -321,7 +340,7 @@ def test_double_log_softmax_still_ignores_nan_in_this_onnxruntime() -> None:
         [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [1, 4])],
         [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [1, 4])],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
+    model = _model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
     session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
     y = session.run(None, {"x": np.array([[1.0, np.nan, 2.0, 3.0]])})[0]
     assert not np.isnan(y[0, 0]), (
@@ -362,7 +381,7 @@ def test_silu_becomes_one_division() -> None:
         nodes = [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["x", "s"], ["y"])]
         value = lambda name, elem=elem: helper.make_tensor_value_info(name, elem, None)  # noqa: E731
         graph = helper.make_graph(nodes, "g", [value("x")], [value("y")])
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
+        model = _model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
         exact = onnx.load_from_string(exact_sigmoid(model))
         assert [n.op_type for n in exact.graph.node if n.op_type not in ("Cast", "Constant")] == ["Neg", "Exp", "Add", "Div"]
         x = torch.tensor(_SIGMOID_ARGUMENTS, dtype=dtype)
@@ -371,7 +390,7 @@ def test_silu_becomes_one_division() -> None:
         step = (torch.finfo(dtype).eps * want.abs()).clamp(min=torch.finfo(dtype).tiny)
         assert float(((got.double() - want).abs() / step).max()) <= 4
         graph.output.append(value("s"))  # the Sigmoid is read twice
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
+        model = _model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
         ops = [n.op_type for n in onnx.load_from_string(exact_sigmoid(model)).graph.node]
         assert "Reciprocal" in ops and "Mul" in ops and "Sigmoid" not in ops
 
@@ -391,4 +410,152 @@ def test_export_makes_cpu_sigmoids_exact_once() -> None:
     x = torch.tensor(_SIGMOID_ARGUMENTS, dtype=torch.float32)
     got = compile_ort(lambda t: torch.nn.functional.silu(t) + torch.sigmoid(t * 2))(x)
     assert_close(got, torch.nn.functional.silu(x) + torch.sigmoid(x * 2), rtol=1e-6, atol=0, scale=False)
+    assert_ran_on_ort()
+
+
+# --------------------------------------------------------------------- version-keyed kernel bugs
+
+_OPENVINO = "OpenVINOExecutionProvider"
+_HAS_OPENVINO = _OPENVINO in ort.get_available_providers()
+
+#: name -> (op: "avg0"/"avg1" (count_include_pad) or "max", input shape, kernel, strides, pads per
+#: spatial dim (both sides), ceil_mode)
+_POOLS: dict[str, tuple[str, tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], int]] = {
+    # wrong on every version with AVERAGE_POOL_PADDED_DIVISOR (the pads differ between dims)
+    "divisor": ("avg1", (1, 3, 9, 9), (6, 6), (3, 3), (2, 3), 1),
+    # ceil windows passing the padded input (before 1.21, OpenVINO): ``divisor_override``'s case
+    "divisor_ceil": ("avg1", (1, 3, 9, 9), (4, 4), (2, 3), (1, 1), 1),
+    "divisor_no_ceil": ("avg1", (1, 1, 8, 8), (4, 4), (2, 2), (1, 0), 0),
+    "divisor_no_pad": ("avg1", (1, 2, 5, 5), (2, 2), (2, 2), (0, 0), 1),
+    # wrong on every version with POOL_CEIL_EXTRA_WINDOW: 8 rows, kernel 1, stride 3
+    "extra_window": ("max", (1, 2, 8, 7), (1, 1), (3, 3), (0, 0), 1),
+    "extra_window_average": ("avg0", (1, 2, 8, 7), (1, 2), (3, 3), (0, 1), 1),
+    "extra_window_counted": ("avg1", (1, 2, 8, 5), (2, 2), (4, 2), (1, 1), 1),
+    "pool1d": ("avg1", (2, 3, 10), (4,), (3,), (2,), 1),
+    "pool3d": ("avg1", (1, 1, 5, 6, 7), (2, 3, 2), (2, 2, 3), (1, 1, 0), 1),
+    "max3d": ("max", (1, 1, 7, 6, 5), (1, 2, 2), (3, 2, 2), (0, 1, 1), 1),
+    "plain": ("avg1", (1, 2, 8, 8), (3, 3), (1, 1), (1, 1), 0),
+}
+
+
+def _pool_model(name: str) -> bytes:
+    op, shape, kernel, strides, pads, ceil = _POOLS[name]
+    attrs: dict[str, object] = {"kernel_shape": list(kernel), "strides": list(strides), "pads": [*pads, *pads], "ceil_mode": ceil}
+    if op != "max":
+        attrs["count_include_pad"] = int(op == "avg1")
+    node = helper.make_node("MaxPool" if op == "max" else "AveragePool", ["x"], ["y"], name=name, **attrs)
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    )
+    return _model(graph, opset_imports=[helper.make_opsetid("", 19)]).SerializeToString()
+
+
+def _pool_error(name: str, model: bytes, provider: str = "CPUExecutionProvider") -> float:
+    """How far ORT's result of ``model`` (pooling ``name``) is from PyTorch's (inf: another shape)."""
+    op, shape, kernel, strides, pads, ceil = _POOLS[name]
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    pool = getattr(torch.nn.functional, f"{'max' if op == 'max' else 'avg'}_pool{len(kernel)}d")
+    extra = {} if op == "max" else {"count_include_pad": op == "avg1"}
+    want = pool(x, kernel, strides, pads, ceil_mode=bool(ceil), **extra).numpy()
+    got = ort.InferenceSession(model, providers=[provider]).run(None, {"x": x.numpy()})[0]
+    return float(np.abs(got - want).max()) if got.shape == want.shape else float("inf")
+
+
+def test_pooling_kernel_bugs_are_where_the_quirks_say() -> None:
+    """Each pooling bug shows on the CPU provider (and OpenVINO's, where installed) exactly in the
+    versions :data:`POOL_CEIL_EXTRA_WINDOW` and :data:`AVERAGE_POOL_PADDED_DIVISOR` name."""
+    providers = ["CPUExecutionProvider"] + ([_OPENVINO] if _HAS_OPENVINO else [])
+    for provider in providers:
+        for name, bug in (("divisor", AVERAGE_POOL_PADDED_DIVISOR), ("extra_window", POOL_CEIL_EXTRA_WINDOW)):
+            wrong = _pool_error(name, _pool_model(name), provider) > 1e-5
+            assert wrong == has_bug(bug, [provider]), (
+                f"onnxruntime {ort.__version__} on {provider} {'gets' if wrong else 'no longer gets'} {name!r} "
+                f"wrong: {bug.name} ({bug.versions}) says otherwise"
+            )
+
+
+def test_kernel_fixes_make_every_pooling_right_for_every_version_said() -> None:
+    """The rewritten models (cut to PyTorch's shape, padding counted by a constant ratio) are
+    right on the installed onnxruntime: written with every rewrite (for 1.19), for the installed
+    version, and (where installed) for OpenVINO on OpenVINO's provider."""
+    for name in _POOLS:
+        model = _pool_model(name)
+        for version in ((1, 19), None):  # (1, 19): every rewrite
+            fixed = kernel_fixes(model, version=version)
+            assert _pool_error(name, fixed) < 1e-5, (name, version)
+        if _HAS_OPENVINO:
+            fixed = kernel_fixes(model, (_OPENVINO, "CPUExecutionProvider"))
+            assert _pool_error(name, fixed, _OPENVINO) < 1e-5, name
+    # a session meeting no bug, or a model without a pooling concerned, keeps its bytes
+    model = _pool_model("divisor")
+    assert kernel_fixes(model, version=(1, 25)) is model
+    plain = _pool_model("extra_window_average")
+    assert kernel_fixes(plain, version=(1, 21)) is plain  # count_include_pad=0 and 1.21's shapes are right
+    ops = [n.op_type for n in onnx.load_from_string(kernel_fixes(model, version=(1, 19))).graph.node]
+    assert ops.count("AveragePool") == 1 and "Mul" in ops
+
+
+def test_kernel_fixes_refuse_a_pooling_of_unknown_shape_that_needs_them() -> None:
+    """Without the input's spatial shape there is no ratio to apply: the export fails (the region
+    runs in PyTorch) rather than ORT giving wrong numbers."""
+    proto = onnx.load_from_string(_pool_model("divisor"))
+    proto.graph.input[0].type.tensor_type.shape.dim[2].dim_param = "h"
+    with pytest.raises(ValueError, match="spatial shape is unknown"):
+        kernel_fixes(proto.SerializeToString(), version=(1, 19))
+
+
+def test_ceil_mode_average_pooling_with_a_divisor_runs_right_on_ort() -> None:
+    """``avg_pool2d(ceil_mode=True, divisor_override=2)`` (lowered to pooling with the padding
+    counted) and ceil-mode average pooling, compiled: eager's numbers on the installed onnxruntime."""
+
+    def pools(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        f = torch.nn.functional
+        return (
+            f.avg_pool2d(x, (4, 4), (2, 3), 1, ceil_mode=True, count_include_pad=False, divisor_override=2),
+            f.avg_pool2d(x, (6, 6), (3, 3), (2, 3), ceil_mode=True, count_include_pad=True, divisor_override=2),
+            f.avg_pool2d(x, (6, 6), (3, 3), (2, 3), ceil_mode=True),
+            f.avg_pool2d(x[:, :, :5, :5], 2, 2, ceil_mode=True),
+        )
+
+    x = torch.randn(1, 3, 9, 9)
+    with captured_exports() as models:
+        got = compile_ort(pools)(x)
+    for g, w in zip(got, pools(x)):
+        assert_close(g, w)
+    assert_ran_on_ort()
+    assert all(m.facts.get(KERNEL_FIXES_FACT) for m in models)
+
+
+def _reduce_max_model() -> bytes:
+    axes = helper.make_tensor("axes", TensorProto.INT64, [1], [1])
+    nodes = [helper.make_node("Constant", [], ["axes"], value=axes), helper.make_node("ReduceMax", ["x", "axes"], ["y"], keepdims=1)]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 1])]
+    )
+    return _model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
+
+
+_MAXIMA = np.array([[-np.inf] * 4, [1.0, -np.inf, 3.0, -2.0], [-3.4028235e38, -np.inf, -np.inf, -np.inf]], np.float32)
+
+
+def test_openvino_reduce_max_of_negative_infinities_is_where_the_quirk_says_and_fixed() -> None:
+    """OpenVINO's float32 ReduceMax of only -inf (:data:`OPENVINO_REDUCE_MAX_LOWEST`): the bug where
+    installed, and the rewritten model right on every provider present."""
+    model = _reduce_max_model()
+    want = np.array([[-np.inf], [3.0], [-3.4028235e38]], np.float32)
+    fixed = kernel_fixes(model, (_OPENVINO, "CPUExecutionProvider"))
+    assert [n.op_type for n in onnx.load_from_string(fixed).graph.node].count("ReduceMax") == 2
+    assert kernel_fixes(model) is model  # the CPU provider's ReduceMax is right
+    for provider in ["CPUExecutionProvider"] + ([_OPENVINO] if _HAS_OPENVINO else []):
+        raw = ort.InferenceSession(model, providers=[provider]).run(None, {"x": _MAXIMA})[0]
+        assert (not np.array_equal(raw, want)) == has_bug(OPENVINO_REDUCE_MAX_LOWEST, [provider]), (provider, raw)
+        np.testing.assert_array_equal(ort.InferenceSession(fixed, providers=[provider]).run(None, {"x": _MAXIMA})[0], want)
+
+
+@pytest.mark.skipif(not _HAS_OPENVINO, reason="needs onnxruntime-openvino")
+def test_safe_softmax_keeps_masked_rows_at_zero_on_openvino() -> None:
+    """Attention's softmax over a row of only -inf gives 0 on OpenVINO's provider too."""
+    x = torch.tensor([[float("-inf")] * 4, [1.0, 2.0, float("-inf"), 0.0]])
+    fn = compile_ort(lambda t: torch.ops.aten._safe_softmax.default(t, 1), providers="openvino,cpu")
+    assert_close(fn(x), torch.ops.aten._safe_softmax.default(x, 1))
     assert_ran_on_ort()

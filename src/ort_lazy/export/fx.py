@@ -15,7 +15,14 @@ import torch.fx
 
 from .. import _compat, metrics
 from ..runtime.providers import RegionForm, region_form
-from ..runtime.quirks import EXACT_SIGMOID_FACT, MATMUL_TRANSPOSES_FACT, exact_sigmoid, fuse_matmul_transposes
+from ..runtime.quirks import (
+    EXACT_SIGMOID_FACT,
+    KERNEL_FIXES_FACT,
+    MATMUL_TRANSPOSES_FACT,
+    exact_sigmoid,
+    fuse_matmul_transposes,
+    kernel_fixes,
+)
 from ..specs import TORCH_TO_ONNX, OrtModel, TensorSpec
 from . import attention
 from .activations import contrib_ops
@@ -572,6 +579,11 @@ def export_graph(
     _check_inferred_types(proto, out_specs, name, values)
     model_bytes = proto.SerializeToString()
     facts: dict[str, Any] = {}
+    try:  # the installed onnxruntime's kernel bugs, for these providers
+        model_bytes = kernel_fixes(model_bytes, providers or _CPU)
+    except Exception as e:
+        raise ExportError(f"{name}: {e}") from e
+    facts[KERNEL_FIXES_FACT] = True
     if (providers or _CPU)[0] == _CPU[0]:
         # ORT's CPU Sigmoid is an approximation, its transposed products slow: rewritten once
         # here, not at each session (nor in a warm process, which would have to parse the model)

@@ -27,10 +27,12 @@ from . import providers as eps
 from .flavour import max_ir_version, onnxruntime
 from .quirks import (
     EXACT_SIGMOID_FACT,
+    KERNEL_FIXES_FACT,
     MATMUL_TRANSPOSES_FACT,
     disabled_optimizers,
     exact_sigmoid,
     fuse_matmul_transposes,
+    kernel_fixes,
     model_vector_matmul,
 )
 from .threads import parking
@@ -299,6 +301,9 @@ def create_session(
             # fast_math keeps ORT's own
             done = options.fast_math or model.facts.get(EXACT_SIGMOID_FACT)
             exact = model.model_bytes if done else exact_sigmoid(model.model_bytes, providers)
+            # the installed onnxruntime's kernel bugs: rewritten around at export, else here
+            if not model.facts.get(KERNEL_FIXES_FACT):
+                exact = kernel_fixes(exact, providers)
             # the CPU's slow transposed products: rewritten at export, else here
             transposed_a = model.facts.get(MATMUL_TRANSPOSES_FACT)
             if transposed_a is None:
