@@ -3,8 +3,9 @@
     python tests/opinfo/coverage.py            # write docs/COVERAGE.md
     python tests/opinfo/coverage.py --check    # exit 1 when the page is out of date
 
-The page is a pure function of ``tests/opinfo/expectations.tsv`` (and the suite's fixed
-selection), so ``test_coverage.py`` can check that it was regenerated with the table.
+The page is a pure function of ``tests/opinfo/expectations.tsv``, the flavours' tables beside it
+(``expectations-<flavour>.tsv``) and the suite's fixed selection, so ``test_table.py`` can check
+that it was regenerated with the tables.
 """
 
 from __future__ import annotations
@@ -19,11 +20,19 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make ``opinfo`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from opinfo.selection import FAST, RANDOM_OPS  # noqa: E402
-from opinfo.table import DIRECTIONS, DTYPES, TABLE, Entry, Key, kind, read_table  # noqa: E402
+from opinfo.selection import FAST, RANDOM_OPS, fast_pairs  # noqa: E402
+from opinfo.table import DIRECTIONS, DTYPES, FLAVOURS, TABLE, Entry, Key, kind, read_expectations, read_table  # noqa: E402
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "COVERAGE.md"
 KINDS = ("ort", "fallback", "xfail", "skip")
+
+#: The onnxruntime each flavour's table was made with: (flavour, onnxruntime, providers). Other
+#: versions are not checked by the suite.
+PROVEN = {
+    "standard": ("onnxruntime 1.32", "CPU"),
+    "openvino": ("onnxruntime-openvino 1.24.1 (ORT 1.24)", "OpenVINO, then CPU (`ORT_LAZY_PROVIDERS=openvino,cpu`)"),
+    "training": ("onnxruntime-training 1.19.2 (ORT 1.19)", "CPU"),
+}
 #: a matching case whose graph holds no compute op (views, metadata): nothing to run anywhere
 NO_COMPUTE = "fallback: no compute op in the graph"
 
@@ -61,8 +70,46 @@ def _escape(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def render(entries: Mapping[Key, Entry]) -> str:
-    """The Markdown page for ``entries``."""
+def _flavour_rows(flavours: Mapping[str, Mapping[Key, Entry]]) -> list[str]:
+    """The section comparing the flavours on the fast subset (first-sample statuses)."""
+    out = [
+        "",
+        "## Providers and onnxruntime flavours",
+        "",
+        "The suite runs on the onnxruntime flavour installed, with the providers ort-lazy is given",
+        "(`ORT_LAZY_PROVIDERS`); each flavour is checked against `tests/opinfo/expectations.tsv` overlaid",
+        "with its own table, `expectations-<flavour>.tsv`, which holds the cases whose status differs there",
+        "(another fallback reason, a kernel that version lacks). Proven versions, the ones the tables were",
+        "made with (other versions are not checked; `src/ort_lazy/runtime/quirks.py` says per known",
+        "onnxruntime bug which versions have it):",
+        "",
+        "| flavour | onnxruntime | providers | fast subset in CI | differing cases |",
+        "|---|---|---|---|---:|",
+    ]
+    for name in FLAVOURS:
+        if name not in flavours:
+            continue
+        version, providers = PROVEN[name]
+        pairs = ", ".join(f"{d} {r}" for d, r in fast_pairs(name))
+        differing = sum(1 for key, e in flavours[name].items() if flavours["standard"].get(key) != e)
+        out.append(f"| {name} | {version} | {providers} | {pairs} | {differing} |")
+    out += [
+        "",
+        "Each flavour on the same cases, the standard fast subset (" + ", ".join(f"{d} {r}" for d, r in FAST) + "; one sample):",
+        "",
+        "| flavour | cases | ort | fallback | xfail | no compute | skip |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name in FLAVOURS:
+        if name in flavours:
+            statuses = [e.expected(1) for (_, d, r), e in flavours[name].items() if (d, r) in FAST]
+            out.append(_row([name], statuses))
+    return out
+
+
+def render(entries: Mapping[Key, Entry], flavours: Mapping[str, Mapping[Key, Entry]] | None = None) -> str:
+    """The Markdown page for ``entries`` (the main table) and ``flavours`` (flavour -> its
+    expectations, :func:`~opinfo.table.read_expectations`)."""
     out = [
         "# OpInfo coverage",
         "",
@@ -111,6 +158,10 @@ def render(entries: Mapping[Key, Entry]) -> str:
         f"OpInfos: {len(ops)} (+{len(RANDOM_OPS)} random ones not run, below); "
         f"{len(ort_ops)} run on ORT in at least one case. Fast subset (`pytest tests/opinfo`, one sample): "
         f"{len(fast)} cases, " + ", ".join(f"{k} {sum(1 for s in fast if kind(s) == k)}" for k in KINDS) + ".",
+    ]
+    if flavours:
+        out += _flavour_rows(flavours)
+    out += [
         "",
         "## Fallback reasons",
         "",
@@ -168,7 +219,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=PAGE, help="page to write (default: %(default)s)")
     parser.add_argument("--check", action="store_true", help="only check that the page is up to date")
     args = parser.parse_args(argv)
-    page = render(read_table(args.table))
+    flavours = {
+        f: read_expectations(f, args.table)
+        for f in FLAVOURS
+        if f == "standard" or args.table.with_name(f"{args.table.stem}-{f}{args.table.suffix}").exists()
+    }
+    page = render(read_table(args.table), flavours)
     if args.check:
         current = args.out.read_text(encoding="utf-8") if args.out.exists() else ""
         if current != page:

@@ -40,7 +40,7 @@ from ort_lazy.debug.records import GraphRecord, recording
 from ort_lazy.reasons import Reason
 from ort_lazy.runtime.session import session_cache
 
-from .selection import FAST, RANDOM_OPS, TIE_OPS
+from .selection import FAST, RANDOM_OPS, TIE_OPS, fast_pairs
 from .table import DIRECTIONS, DTYPES
 
 __all__ = [
@@ -50,6 +50,7 @@ __all__ = [
     "RANDOM_OPS",
     "TOLERANCES",
     "all_cases",
+    "run_flavour",
     "op_key",
     "opinfos",
     "run_case",
@@ -143,8 +144,10 @@ def _directions(op: Any, dtype: str) -> list[str]:
     return list(DIRECTIONS)
 
 
-def all_cases(mode: str = "full") -> list[Case]:
-    """The cases of ``mode`` (``full`` or ``fast``) in a deterministic order."""
+def all_cases(mode: str = "full", flavour: str = "standard") -> list[Case]:
+    """The cases of ``mode`` (``full``, or ``fast``: :func:`~.selection.fast_pairs` of
+    ``flavour``) in a deterministic order."""
+    fast = fast_pairs(flavour)
     cases = []
     for key, op in opinfos().items():
         if key in RANDOM_OPS:
@@ -154,10 +157,25 @@ def all_cases(mode: str = "full") -> list[Case]:
             if TORCH_DTYPES[dtype] not in supported:
                 continue
             for direction in _directions(op, dtype):
-                if mode == "fast" and (dtype, direction) not in FAST:
+                if mode == "fast" and (dtype, direction) not in fast:
                     continue
                 cases.append(Case(key, dtype, direction))
     return cases
+
+
+def run_flavour() -> str:
+    """The flavour (``table.FLAVOURS``) this process's compiled runs are in: ``openvino`` when
+    OpenVINO's provider is among the providers the options give (``ORT_LAZY_PROVIDERS``),
+    ``training`` on onnxruntime-training, else ``standard``."""
+    from ort_lazy.options import Options
+    from ort_lazy.runtime.flavour import flavour
+
+    providers = Options.from_env(**ON_ORT).resolve_providers(None)
+    if "OpenVINOExecutionProvider" in providers:
+        return "openvino"
+    if flavour() == "onnxruntime-training":
+        return "training"
+    return "standard"
 
 
 # --------------------------------------------------------------------------------- results

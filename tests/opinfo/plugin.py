@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from .table import TABLE, Entry, Key, kind, merge_into, table_status
+from .table import FLAVOURS, TABLE, Entry, Key, kind, merge_flavour, table_status
 
 MODES = ("fast", "full", "off")
 _PROPERTY = "opinfo"
@@ -41,6 +41,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--opinfo-table", default=str(TABLE), help="the expectations table (default: %(default)s)")
     group.addoption("--opinfo-results", default=None, help="write one JSON line per case (status, errors, timings) here")
     group.addoption("--opinfo-timeout", type=float, default=300.0, help="seconds one case may take (default: %(default)s)")
+    group.addoption(
+        "--opinfo-flavour",
+        choices=("auto", *FLAVOURS),
+        default=os.environ.get("ORT_LAZY_OPINFO_FLAVOUR", "auto"),
+        help="the onnxruntime flavour/provider the run is checked as (default auto: openvino when "
+        "ORT_LAZY_PROVIDERS puts OpenVINO's provider in, training on onnxruntime-training, else "
+        "standard); a flavour named must be the one detected. Its cases are checked against "
+        "expectations-<flavour>.tsv over the main table, and its fast subset may be smaller",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -59,6 +68,24 @@ def _keep(key: Key, record: dict[str, Any]) -> None:
     if path:
         with open(path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+_flavours: dict[str, str] = {}
+
+
+def flavour(config: pytest.Config) -> str:
+    """The flavour this run is checked as (``--opinfo-flavour``, see ``table.FLAVOURS``)."""
+    if "run" not in _flavours:
+        from .harness import run_flavour
+
+        asked, found = config.getoption("--opinfo-flavour"), run_flavour()
+        if asked not in ("auto", found):
+            raise pytest.UsageError(
+                f"--opinfo-flavour {asked}: this run is in the {found} flavour (ORT_LAZY_PROVIDERS=openvino,cpu "
+                "on onnxruntime-openvino gives openvino; onnxruntime-training gives training)"
+            )
+        _flavours["run"] = found
+    return _flavours["run"]
 
 
 def samples(config: pytest.Config) -> int:
@@ -110,7 +137,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             for key in sorted(_results):
                 f.write(json.dumps(_results[key], sort_keys=True) + "\n")
     if config.getoption("--opinfo-update"):
-        merge_into({key: _entry(r) for key, r in _results.items()}, Path(config.getoption("--opinfo-table")))
+        updates = {key: _entry(r) for key, r in _results.items()}
+        merge_flavour(updates, flavour(config), Path(config.getoption("--opinfo-table")), one_sample=samples(config) == 1)
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
@@ -123,6 +151,9 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     ops = sum(r.get("ops", 0) for r in _results.values())
     on_ort = sum(r.get("ops_on_ort", 0) for r in _results.values())
     share = f"; {on_ort}/{ops} compiled aten ops on ORT ({100.0 * on_ort / ops:.1f}%)" if ops else ""
-    terminalreporter.write_line(f"{len(_results)} cases ({seconds:.0f} s in cases): {parts}{share}")
+    run = flavour(config)
+    terminalreporter.write_line(f"{len(_results)} cases ({seconds:.0f} s in cases, {run} flavour): {parts}{share}")
     if config.getoption("--opinfo-update"):
-        terminalreporter.write_line(f"expectations updated: {config.getoption('--opinfo-table')}")
+        from .table import flavour_table
+
+        terminalreporter.write_line(f"expectations updated: {flavour_table(run, Path(config.getoption('--opinfo-table')))}")

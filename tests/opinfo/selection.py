@@ -3,11 +3,22 @@
 
 from __future__ import annotations
 
-__all__ = ["FAST", "RANDOM_OPS", "TIE_OPS"]
+__all__ = ["FAST", "FAST_BY_FLAVOUR", "RANDOM_OPS", "TIE_OPS", "fast_pairs"]
 
 #: The fast subset (the default, run by ``build.py --test``): every op, one sample, these
 #: (dtype, direction) pairs.
 FAST = (("float32", "forward"), ("int64", "forward"), ("bool", "forward"), ("float32", "backward"))
+
+#: The fast subset of flavours whose run of :data:`FAST` takes longer than CI's budget (the
+#: OpenVINO provider compiles every region with OpenVINO: 1969 cases took 19 min on 2 busy
+#: cores): every op, float32 forward. The rest of their cases run in the full tier
+#: (``--opinfo full``).
+FAST_BY_FLAVOUR: dict[str, tuple[tuple[str, str], ...]] = {"openvino": (("float32", "forward"),)}
+
+
+def fast_pairs(flavour: str = "standard") -> tuple[tuple[str, str], ...]:
+    """The (dtype, direction) pairs of the fast subset in ``flavour`` (see ``table.FLAVOURS``)."""
+    return FAST_BY_FLAVOUR.get(flavour, FAST)
 
 #: OpInfos whose result is random or reads uninitialised memory: eager itself gives a different
 #: answer on every call, so there is nothing to compare. Not parametrized at all. (Ops that are

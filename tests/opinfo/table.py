@@ -17,6 +17,13 @@ The optional fifth column is the status of the first sample alone, written only 
 differs from the status over all samples: the fast subset runs one sample and is checked
 against it.
 
+Flavours (:data:`FLAVOURS`): ``expectations.tsv`` holds the standard run (onnxruntime's CPU
+provider). A run on another onnxruntime flavour or provider (``openvino``: OpenVINO's provider
+first, ``ORT_LAZY_PROVIDERS=openvino,cpu``; ``training``: onnxruntime-training) is checked against
+the main table overlaid with its own, ``expectations-<flavour>.tsv``, which holds only the cases
+whose status differs there (another fallback reason, a kernel that version lacks ...):
+:func:`read_expectations`, :func:`merge_flavour`.
+
 No torch import here: ``coverage.py`` reads the table without loading PyTorch.
 """
 
@@ -34,7 +41,11 @@ from pathlib import Path
 __all__ = [
     "DIRECTIONS",
     "DTYPES",
+    "FLAVOURS",
     "TABLE",
+    "flavour_table",
+    "read_expectations",
+    "merge_flavour",
     "Entry",
     "Key",
     "kind",
@@ -46,6 +57,9 @@ __all__ = [
 ]
 
 TABLE = Path(__file__).with_name("expectations.tsv")
+
+#: the flavours a run may be checked as (``standard``: the main table alone)
+FLAVOURS = ("standard", "openvino", "training")
 
 DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "bool")
 DIRECTIONS = ("forward", "backward", "no_grad")
@@ -121,9 +135,9 @@ def read_table(path: Path = TABLE) -> dict[Key, Entry]:
     return entries
 
 
-def write_table(entries: Mapping[Key, Entry], path: Path = TABLE) -> None:
-    """Write ``entries`` sorted, atomically (a reader never sees half a table)."""
-    lines = [_HEADER.rstrip("\n")]
+def write_table(entries: Mapping[Key, Entry], path: Path = TABLE, header: str = _HEADER) -> None:
+    """Write ``entries`` sorted, atomically (a reader never sees half a table), under ``header``."""
+    lines = [header.rstrip("\n")]
     for key in sorted(entries, key=_sort_key):
         entry = entries[key]
         fields = [*key, entry.status] + ([entry.first] if entry.first else [])
@@ -160,4 +174,55 @@ def merge_into(updates: Mapping[Key, Entry], path: Path = TABLE) -> dict[Key, En
         for key, entry in updates.items():
             entries[key] = _merged(entries.get(key), entry)
         write_table(entries, path)
+    return entries
+
+
+def _flavour_header(flavour: str, main: Path) -> str:
+    return (
+        f"# OpInfo parity expectations in the {flavour} flavour: only the cases whose status differs from\n"
+        f"# {main.name} (the run is checked against {main.name} overlaid with this table).\n"
+        "# One line per case: op[/variant] <TAB> dtype <TAB> direction <TAB> status [<TAB> first-sample status]\n"
+        f"# Regenerate in that flavour (see tests/opinfo/test_opinfo.py): pytest tests/opinfo --opinfo-update\n"
+    )
+
+
+def flavour_table(flavour: str, main: Path = TABLE) -> Path:
+    """The table of ``flavour``'s differences, beside ``main`` (``main`` itself for ``standard``)."""
+    if flavour not in FLAVOURS:
+        raise ValueError(f"unknown flavour {flavour!r}: one of {', '.join(FLAVOURS)}")
+    return main if flavour == "standard" else main.with_name(f"{main.stem}-{flavour}{main.suffix}")
+
+
+def read_expectations(flavour: str = "standard", main: Path = TABLE) -> dict[Key, Entry]:
+    """What a run in ``flavour`` must give: the main table, overlaid with ``flavour``'s."""
+    entries = read_table(main)
+    if flavour != "standard":
+        entries.update(read_table(flavour_table(flavour, main)))
+    return entries
+
+
+def merge_flavour(
+    updates: Mapping[Key, Entry], flavour: str, main: Path = TABLE, one_sample: bool = False
+) -> dict[Key, Entry]:
+    """Record ``updates`` (the cases a run in ``flavour`` ran): in the main table for
+    ``standard``; else in ``flavour``'s table, which keeps only the cases whose status differs
+    from the main table's (a case now equal to it leaves). ``one_sample``: the run took one
+    sample per case, so a case differs when its status differs from the main table's first-sample
+    status. Returns the written table."""
+    if flavour == "standard":
+        return merge_into(updates, main)
+    path = flavour_table(flavour, main)
+    base = read_table(main)
+    with _locked(path):
+        entries = read_table(path)
+        for key, entry in updates.items():
+            merged = _merged(entries.get(key), entry)
+            same = base.get(key) == merged
+            if one_sample and key in base:  # a one-sample run knows the first sample's status only
+                same = base[key].expected(1) == merged.status
+            if same:
+                entries.pop(key, None)
+            else:
+                entries[key] = merged
+        write_table(entries, path, _flavour_header(flavour, main))
     return entries

@@ -9,6 +9,13 @@ for the table, and ``docs/COVERAGE.md`` (``python tests/opinfo/coverage.py``) fo
     pytest tests/opinfo --opinfo=full -n 2                # every case
     pytest tests/opinfo --opinfo=full --shards 4 --shard 1
     pytest tests/opinfo --opinfo=full --opinfo-update -n 1   # rewrite the table from the run
+
+Other onnxruntime flavours and providers are checked against the main table overlaid with their
+own (``expectations-<flavour>.tsv``, the cases that differ; see ``table.py``); the flavour is
+detected (``--opinfo-flavour`` names it)::
+
+    ORT_LAZY_PROVIDERS=openvino,cpu pytest tests/opinfo          # on onnxruntime-openvino
+    pytest tests/opinfo                                          # on onnxruntime-training
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import pytest
 import torch
 
 from . import harness, plugin
-from .table import Entry, Key, kind, matches, read_table, table_status
+from .table import Entry, Key, kind, matches, read_expectations, table_status
 
 _TABLES: dict[str, dict[Key, Entry]] = {}
 
@@ -29,7 +36,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "case" not in metafunc.fixturenames:
         return
     mode = metafunc.config.getoption("--opinfo")
-    cases = [] if mode == "off" else harness.all_cases(mode)
+    cases = [] if mode == "off" else harness.all_cases(mode, plugin.flavour(metafunc.config))
     metafunc.parametrize("case", cases, ids=[c.id for c in cases])
 
 
@@ -46,7 +53,7 @@ def _one_thread() -> Iterator[None]:
 def _table(config: pytest.Config) -> dict[Key, Entry]:
     path = config.getoption("--opinfo-table")
     if path not in _TABLES:
-        _TABLES[path] = read_table(Path(path))
+        _TABLES[path] = read_expectations(plugin.flavour(config), Path(path))
     return _TABLES[path]
 
 
@@ -80,7 +87,7 @@ def test_opinfo(case: harness.Case, request: pytest.FixtureRequest) -> None:
     if entry is None:
         pytest.fail(
             f"no expectation for {case.op} {case.dtype} {case.direction} (observed {table_status(observed)!r}): "
-            "add it with pytest tests/opinfo --opinfo=full --opinfo-update",
+            f"add it with pytest tests/opinfo --opinfo=full --opinfo-update ({plugin.flavour(config)} flavour)",
             pytrace=False,
         )
     expected = entry.expected(samples)

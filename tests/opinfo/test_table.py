@@ -9,7 +9,20 @@ import pytest
 import torch
 
 from . import coverage, harness
-from .table import TABLE, Entry, kind, matches, merge_into, read_table, table_status, write_table
+from .selection import FAST, fast_pairs
+from .table import (
+    TABLE,
+    Entry,
+    flavour_table,
+    kind,
+    matches,
+    merge_flavour,
+    merge_into,
+    read_expectations,
+    read_table,
+    table_status,
+    write_table,
+)
 
 
 def test_table_round_trip_sorted(tmp_path: Path) -> None:
@@ -55,6 +68,55 @@ def test_merge_updates_only_what_ran_and_keeps_justifications(tmp_path: Path) ->
     assert merged[("b", "float32", "forward")].status.endswith("-- ORT Erf is approximate")
     assert merged[("c", "float32", "forward")].status == "xfail: crash (RuntimeError: y)"
     assert merged[("d", "int64", "forward")].status == "fallback: no ONNX mapping (d)"
+
+
+def test_a_flavour_table_holds_only_what_differs_and_overlays_the_main_one(tmp_path: Path) -> None:
+    main = tmp_path / "expectations.tsv"
+    write_table(
+        {
+            ("a", "float32", "forward"): Entry("ort"),
+            ("b", "float32", "forward"): Entry("fallback: no ORT kernel: X(float) (b)"),
+            ("c", "float32", "forward"): Entry("xfail: crash (E: m)", "ort"),
+        },
+        main,
+    )
+    assert flavour_table("openvino", main) == tmp_path / "expectations-openvino.tsv"
+    assert flavour_table("standard", main) == main
+    with pytest.raises(ValueError, match="unknown flavour"):
+        flavour_table("rocm", main)
+    written = merge_flavour(
+        {
+            ("a", "float32", "forward"): Entry("ort"),  # as in the main table: not written
+            ("b", "float32", "forward"): Entry("fallback: ORT session failed (b)"),
+            ("c", "float32", "forward"): Entry("ort"),  # one sample: the main table's first-sample status
+        },
+        "openvino",
+        main,
+        one_sample=True,
+    )
+    assert written == {("b", "float32", "forward"): Entry("fallback: ORT session failed (b)")}
+    assert read_table(flavour_table("openvino", main)) == written
+    overlaid = read_expectations("openvino", main)
+    assert overlaid[("b", "float32", "forward")].status == "fallback: ORT session failed (b)"
+    assert overlaid[("a", "float32", "forward")].status == "ort" and read_expectations("standard", main) == read_table(main)
+    # a case back to the main table's status leaves the flavour's table; the main table is untouched
+    assert merge_flavour({("b", "float32", "forward"): Entry("fallback: no ORT kernel: X(float) (b)")}, "openvino", main) == {}
+    assert read_table(main)[("b", "float32", "forward")].status == "fallback: no ORT kernel: X(float) (b)"
+
+
+def test_flavours_fast_subsets() -> None:
+    assert fast_pairs() == FAST == fast_pairs("training")
+    assert fast_pairs("openvino") == (("float32", "forward"),)
+    assert {c.dtype for c in harness.all_cases("fast", "openvino")} == {"float32"}
+    assert len(harness.all_cases("fast", "openvino")) < len(harness.all_cases("fast")) / 2
+
+
+def test_coverage_page_compares_the_flavours(tmp_path: Path) -> None:
+    main = {("a", "float32", "forward"): Entry("ort"), ("b", "float32", "forward"): Entry("fallback: x (b)")}
+    openvino = {**main, ("a", "float32", "forward"): Entry("fallback: ORT session failed (a)")}
+    page = coverage.render(main, {"standard": main, "openvino": openvino})
+    assert "| openvino | onnxruntime-openvino 1.24.1 (ORT 1.24) |" in page
+    assert "| standard | 2 | 1 (50.0%) | 1 (50.0%) |" in page and "| openvino | 2 | 0 (0.0%) | 2 (100.0%) |" in page
 
 
 def test_status_kinds_and_matching() -> None:
