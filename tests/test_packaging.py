@@ -499,6 +499,8 @@ def test_workflow_openvino_job() -> None:
     assert len(runs) == len(expand_matrix(job["strategy"]["matrix"]))
     selected = wf["env"]["OPENVINO_TESTS"].split()
     assert "tests/opinfo" in selected
+    # the OpInfo suite runs on OpenVINO's provider (its openvino flavour), not on the CPU provider alone
+    assert job["env"]["ORT_LAZY_PROVIDERS"].split(",")[0] == "openvino"
     tiers: dict[bool, set[int]] = {}
     shards: dict[bool, set[int]] = {}
     for combo, args in runs:

@@ -634,6 +634,10 @@ def _short_reason(reason: str) -> str:
         if detail.startswith("ONNX type inference rejects"):
             nodes = sorted(set(re.findall(r"op_type:(\w+)", detail)))
             return "ONNX type inference rejects " + (", ".join(nodes) if nodes else "the translation")
+        # ORT's own refusal names the op and its opset, and a node name that changes from run to run
+        refused = sorted(set(re.findall(r"Could not find an implementation for (\w+)\(\d+\)", detail)))
+        if refused:
+            return "no ORT kernel: " + ", ".join(refused)
         return "no ORT kernel: " + re.sub(r"tensor\((\w+)\)", r"\1", detail)
     return reason
 
