@@ -504,6 +504,18 @@ def test_kernel_fixes_refuse_a_pooling_of_unknown_shape_that_needs_them() -> Non
         kernel_fixes(proto.SerializeToString(), version=(1, 19))
 
 
+def test_kernel_fixes_infer_a_shape_the_model_records_with_unknown_dims() -> None:
+    """A value recorded with unknown dims (as a translator may write it) but whose shape follows
+    from the inputs is inferred: the pooling it feeds is rewritten, not refused."""
+    proto = onnx.load_from_string(_pool_model("extra_window_counted"))
+    pool = proto.graph.node[0]
+    pool.input[0] = "x_copy"
+    proto.graph.node.insert(0, helper.make_node("Identity", ["x"], ["x_copy"]))
+    proto.graph.value_info.append(helper.make_tensor_value_info("x_copy", TensorProto.FLOAT, ["n", "c", "h", "w"]))
+    fixed = kernel_fixes(proto.SerializeToString(), version=(1, 19))
+    assert _pool_error("extra_window_counted", fixed) < 1e-5
+
+
 def test_ceil_mode_average_pooling_with_a_divisor_runs_right_on_ort() -> None:
     """``avg_pool2d(ceil_mode=True, divisor_override=2)`` (lowered to pooling with the padding
     counted) and ceil-mode average pooling, compiled: eager's numbers on the installed onnxruntime."""
@@ -515,6 +527,7 @@ def test_ceil_mode_average_pooling_with_a_divisor_runs_right_on_ort() -> None:
             f.avg_pool2d(x, (6, 6), (3, 3), (2, 3), ceil_mode=True, count_include_pad=True, divisor_override=2),
             f.avg_pool2d(x, (6, 6), (3, 3), (2, 3), ceil_mode=True),
             f.avg_pool2d(x[:, :, :5, :5], 2, 2, ceil_mode=True),
+            f.max_pool1d(x[0].half(), 3, 2, ceil_mode=True).float(),  # through the NaN rule, in float32
         )
 
     x = torch.randn(1, 3, 9, 9)

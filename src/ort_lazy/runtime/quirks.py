@@ -619,8 +619,17 @@ def kernel_fixes(model_bytes: bytes, providers: Sequence[str] = (_CPU,), version
         if n.op_type in ("MaxPool", "AveragePool", "ReduceMax") and n.domain in ("", "ai.onnx")
         for name in n.input[:1]
     ]
-    if any(name not in types or name not in shapes for name in concerned):
-        types, shapes = _types_and_shapes(proto)
+    if any(name not in types or None in shapes.get(name, (None,)) for name in concerned):
+        # inference from the inputs alone: a translator's recorded shape may have unknown dims
+        bare = onnx.ModelProto()
+        bare.CopyFrom(proto)
+        for g in _graphs(bare.graph):
+            del g.value_info[:]
+        inferred_types, inferred_shapes = _types_and_shapes(bare)
+        types = {**inferred_types, **types}
+        for name, dims in inferred_shapes.items():
+            if None in shapes.get(name, (None,)) and None not in dims:
+                shapes[name] = dims
     counter = [0]
     changed = 0
     for graph in graphs:
