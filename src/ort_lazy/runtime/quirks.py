@@ -8,9 +8,10 @@ workaround applies where it should.
 
 Entries say which onnxruntime versions (and providers) have the bug. Those keyed by version
 (:data:`KNOWN_BUGS`, :func:`has_bug`) were bisected over onnxruntime 1.19-1.32 (CPU wheels, pure
-ONNX models); the others were found on onnxruntime 1.32 and hold for 1.19-1.32 unless they say
-otherwise. :func:`kernel_fixes` rewrites a model around the version-keyed kernel bugs of the
-installed onnxruntime and the providers that run it.
+ONNX models) and, for OpenVINO's provider, found on onnxruntime-openvino 1.24.1. The other
+wrong-number entries hold on every CPU wheel from 1.19 to 1.32 (checked the same way); the speed
+entries were measured on 1.32. :func:`kernel_fixes` rewrites a model around the version-keyed
+kernel bugs of the installed onnxruntime and the providers that run it.
 """
 
 from __future__ import annotations
@@ -542,7 +543,7 @@ NOT_WHERE_FUSION_SINCE = KnownBug("NotWhereFusion moves a -0.0 to Where's first 
 #: ``MaxPool``/``AveragePool`` with ``ceil_mode=1`` keep a last window that starts past the input
 #: and its leading padding, which ONNX and PyTorch drop: one output too many along that dim (9
 #: rows, kernel 1, stride 3: 4 where PyTorch gives 3), every 1-3-D pooling with that geometry.
-#: onnxruntime's CPU provider before 1.21 (1.19 and 1.20 checked), and OpenVINO's provider
+#: onnxruntime's CPU provider before 1.21.0 (1.19 and 1.20 checked), and OpenVINO's provider
 #: (onnxruntime-openvino 1.24.1; no fixed version known). :func:`kernel_fixes` cuts the outputs to
 #: ONNX's shape (a ``Slice``; the windows before it are right).
 POOL_CEIL_EXTRA_WINDOW = KnownBug(
@@ -555,7 +556,7 @@ POOL_CEIL_EXTRA_WINDOW = KnownBug(
 #: when the pads differ between spatial dims (kernel 6x6, stride 3, pads 2x3 on 9x9: 0.08 off;
 #: ``avg_pool2d(ceil_mode=True, divisor_override=2)``, whose lowering pools with padding
 #: counted: 3.7 and 7.3 off); OpenVINO's provider (onnxruntime-openvino 1.24.1) as before 1.21,
-#: for padded inputs. Fixed in 1.25 (bisected with the CPU wheels of 1.19-1.32). ``count_include_pad=0``
+#: for padded inputs. Fixed in 1.25.0 (bisected with the CPU wheels of 1.19-1.32). ``count_include_pad=0``
 #: is right on all of them: :func:`kernel_fixes` pools without the padding counted and multiplies
 #: each window by (its elements inside the input) / (its elements inside the padded input), a
 #: constant of the output's spatial shape.
