@@ -652,7 +652,8 @@ def _all_nodes(graph: Any) -> Any:
 
 def _typed_values(proto: Any) -> Any:
     """``proto`` with an element type and a shape in ``value_info`` for every value its nodes
-    make (the translator's annotations kept; ONNX's inference for the others)."""
+    make (the translator's annotations kept; ONNX's inference for the others, and for the
+    values of subgraphs: ``If`` branches and their outputs)."""
     import onnx
 
     inferred = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
@@ -666,6 +667,11 @@ def _typed_values(proto: Any) -> Any:
     kept += [v for name, v in found.items() if name not in outputs]
     del proto.graph.value_info[:]
     proto.graph.value_info.extend(kept)
+    # branches and loop bodies as ONNX typed them (their outputs included)
+    for node, typed_node in zip(proto.graph.node, inferred.graph.node):
+        for attr, typed_attr in zip(node.attribute, typed_node.attribute):
+            if attr.HasField("g"):
+                attr.g.CopyFrom(typed_attr.g)
     typed = {
         v.name for v in proto.graph.value_info if v.type.tensor_type.elem_type and v.type.tensor_type.HasField("shape")
     } | {o.name for o in proto.graph.output}

@@ -236,8 +236,8 @@ def register_libraries(libraries: Mapping[str, str]) -> dict[str, str]:
     done: dict[str, str] = {}
     with _lock:
         for given_name, source in libraries.items():
-            name = _ep_name_of(source, given_name)
             path = library_path(source)
+            name = _ep_name_of(source, given_name)
             known = _registered.get(name)
             if known is not None:
                 if known != path:
