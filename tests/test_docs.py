@@ -105,7 +105,7 @@ def test_every_page_parses_and_marks_carry_reasons() -> None:
     for page in PAGES:
         text = page.read_text(encoding="utf-8")
         for n, line in enumerate(text.splitlines(), 1):
-            if marks.search(line):
+            if line.lstrip().startswith("<!--") and marks.search(line):
                 assert MARK.match(line), f"{page.relative_to(ROOT)}:{n}: write the mark as `<!-- KIND: reason -->`"
 
 
