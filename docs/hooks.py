@@ -11,6 +11,8 @@ replaces by the Markdown of :data:`GENERATORS` ``[NAME]``:
 - ``accepted-values``: the value sets options accept (``PRECISIONS``, ``RUN_TYPES`` ...), each
   with its ``#:`` comment from ``options.py``;
 - ``provider-names``: the short provider names (``options.PROVIDER_ALIASES``);
+- ``onnxrt-options``: what becomes of each option of PyTorch's removed ``onnxrt`` backend
+  (``ort_lazy.frontends.onnxrt.LEGACY_OPTIONS``);
 - ``fallback-reasons``: every :class:`ort_lazy.reasons.Reason` with the fix
   :func:`ort_lazy.reasons.suggestion` gives for it.
 
@@ -212,6 +214,30 @@ def provider_names() -> str:
     return "\n".join(rows)
 
 
+# --------------------------------------------------------------------------- the onnxrt name
+
+
+def source_constant(path: Path, name: str) -> Any:
+    """The literal value of the module-level constant ``name`` in the Python file ``path``, read
+    without importing it (``frontends/onnxrt.py`` imports torch: the site builds without it)."""
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
+            return ast.literal_eval(node.value)
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise KeyError(f"{path}: no constant {name}")
+
+
+def onnxrt_options() -> str:
+    """Each field of the removed backend's ``OrtBackendOptions`` and what ort-lazy does with it
+    (``ort_lazy.frontends.onnxrt.LEGACY_OPTIONS``)."""
+    legacy = source_constant(ROOT / "src" / "ort_lazy" / "frontends" / "onnxrt.py", "LEGACY_OPTIONS")
+    rows = ["| `OrtBackendOptions` field | in ort-lazy |", "|---|---|"]
+    for name, text in legacy.items():
+        rows.append(f"| `{name}` | {_cell(text)} |")
+    return "\n".join(rows)
+
+
 # --------------------------------------------------------------------------- reasons
 
 
@@ -237,6 +263,7 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "accepted-values": accepted_values,
     "provider-names": provider_names,
     "fallback-reasons": fallback_reasons,
+    "onnxrt-options": onnxrt_options,
 }
 
 

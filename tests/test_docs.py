@@ -190,6 +190,14 @@ def test_every_fallback_reason_is_listed_with_its_fix() -> None:
         assert suggestion(reason), f"Reason.{name} has no suggested fix in reasons.SUGGESTIONS"
 
 
+def test_the_onnxrt_table_is_the_backends_own() -> None:
+    from ort_lazy.frontends.onnxrt import LEGACY_OPTIONS, OrtBackendOptions
+
+    text = _hooks().onnxrt_options()
+    assert [f.name for f in dataclasses.fields(OrtBackendOptions)] == list(LEGACY_OPTIONS)
+    assert all(f"`{name}`" in text for name in LEGACY_OPTIONS)
+
+
 def test_every_counter_is_documented() -> None:
     from ort_lazy import metrics
 
