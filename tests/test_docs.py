@@ -133,9 +133,10 @@ def _run(block: Block, namespace: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("page", _runnable_pages(), ids=lambda p: str(p.relative_to(ROOT)))
-def test_code_blocks_run(page: Path, request: pytest.FixtureRequest) -> None:
+def test_code_blocks_run(page: Path, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
+    monkeypatch.chdir(tmp_path)  # what an example writes lands in a folder of its own
     full_tier = request.config.getoption("--full-tier")
     torch._dynamo.reset()
     torch.manual_seed(0)
