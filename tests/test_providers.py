@@ -391,3 +391,25 @@ def test_fixed_shape_providers_get_one_model_per_shape(coreml_listed: None) -> N
         if all(d.HasField("dim_value") for d in dims):
             shapes |= {tuple(d.dim_value for d in i.type.tensor_type.shape.dim) for i in proto.graph.input}
     assert {(2, 8), (3, 8), (5, 8)} <= shapes, shapes
+
+
+def test_a_region_a_provider_refuses_says_why_in_explain(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A session a provider refuses: the region runs in PyTorch (eager's values), and ``explain``
+    gives the provider's own words for it."""
+    from ort_lazy.runtime import session as session_mod
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise session_mod.OrtRunError(
+            "ORT session creation failed for r: [ONNXRuntimeError] : 1 : FAIL : ... | "
+            "While validating ONNX node '<Node(Conv)>': The input data tensor's rank has to be known (static)"
+        )
+
+    monkeypatch.setattr(session_mod, "create_session", refuse)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU())
+    x = torch.randn(2, 4)
+    report = explain(model, x)
+    text = str(report)
+    assert "PyTorch (failed on ORT)" in text and "rank has to be known (static)" in text, text
+    steps = [s for g in report.as_dict()["graphs"] for s in g["steps"] if s.get("error")]
+    assert steps and "rank has to be known" in steps[0]["error"]
+    assert_close(torch.compile(model, backend="ort")(x), model(x))
