@@ -71,6 +71,8 @@ TEST_DEPS = [
     "hypothesis",
     # the real-model zoo: random-weight configs, no downloads
     "transformers==5.24.0",
+    # Hugging Face's Trainer and accelerate with the onnxrt name (tests/test_trainer.py)
+    "accelerate==1.16.0",
     "huggingface-hub",
     "safetensors",
     # timm's own dependencies except torchvision (installed --no-deps below); timm.data imports PIL

@@ -145,6 +145,9 @@ DEVICE_TYPES = ("cpu", "gpu", "npu")
 EP_POLICIES = ("default", "prefer_cpu", "prefer_gpu", "prefer_npu", "max_performance", "max_efficiency", "min_overall_power")
 
 
+_TENSORRT = "TensorrtExecutionProvider"
+
+
 def canonical_provider(name: str) -> str:
     """ORT's name for a provider written as a short name (``openvino``) or as ORT's own."""
     text = str(name).strip()
@@ -164,7 +167,9 @@ class Options:
             device of the inputs: CUDA (then CPU) for CUDA tensors, CPU otherwise.
             Short names are accepted (``"openvino"``, ``"tensorrt,cuda,cpu"``:
             :data:`PROVIDER_ALIASES`); the region's ONNX model is written in the form every
-            provider of the list reads (``ort_lazy.runtime.providers.region_form``).
+            provider of the list reads (``ort_lazy.runtime.providers.region_form``). TensorRT
+            alone (``"tensorrt"``) becomes TensorRT, CUDA, CPU: ORT runs what TensorRT refuses
+            on the providers after it.
         provider_options: per-provider option dicts, keyed by ORT's name or a short name, e.g.
             ``{"cuda": {"device_id": "0"}}``, ``{"openvino": {"device_type": "GPU"}}``.
         ep_libraries: plugin execution providers (ORT 1.23+) to register: registration name ->
@@ -202,7 +207,9 @@ class Options:
             quantizes weight matrix products, ``fp16`` computes in float16 where the provider
             has float16 kernels for the matrix products (GPUs; ORT's CPU provider has none:
             float32 there, with a warning). Both approximate; the model is rebuilt when a
-            parameter changes. Training graphs keep their dtypes (with one warning).
+            parameter changes. Training graphs keep their dtypes (with one warning). With
+            TensorRT, ``fp16`` also lets TensorRT build float16 engines; ``int8-dynamic`` is
+            refused (TensorRT's int8 needs calibration).
         fast_math: trade eager's exact results in two corners for speed, as a compiler's
             fast-math mode does (off by default; every graph, inference and training): ORT's
             own approximate logistic on the CPU (``sigmoid``, ``silu`` as ORT's fused
@@ -213,6 +220,9 @@ class Options:
             cores: EfficientNet-B0 inference 1.5x faster, ResNet-18 and a Llama decoder 3-4%.
         dynamic: ``True`` exports symbolic dims where the graph has them, ``False`` forces
             one model per concrete input shape.
+        trt_profile_scale: TensorRT's shape profiles (``ort_lazy.runtime.tensorrt``): each
+            symbolic dim reaches this multiple of the size the profile is built for (min 1, opt
+            that size); a call past it gets a session with a wider profile. At least 1.
         cache_size: maximum number of ORT sessions kept (LRU).
         run_type: ``ort``, ``pytorch`` or ``debug`` (see :data:`RUN_TYPES`).
         rtol: relative tolerance used by the ``debug`` run type.
@@ -251,6 +261,7 @@ class Options:
     precision: str = "fp32"
     fast_math: bool = False
     dynamic: bool = True
+    trt_profile_scale: float = 2.0
     cache_size: int = 64
     run_type: str = "ort"
     rtol: float = 1e-3
@@ -296,6 +307,17 @@ class Options:
         if precision not in PRECISIONS:
             raise OptionsError(f"precision: unknown value {self.precision!r}; accepted: {', '.join(PRECISIONS)}")
         _set(self, "precision", precision)
+        _set(self, "trt_profile_scale", _parse_scale(self.trt_profile_scale, "trt_profile_scale"))
+        if self.providers == (_TENSORRT,) and not (self.ep_libraries or self.ep_device or self.ep_policy):
+            # ORT gives what TensorRT's parser refuses to the providers after it
+            _set(self, "providers", (_TENSORRT, "CUDAExecutionProvider", "CPUExecutionProvider"))
+        if precision == "int8-dynamic" and self.providers and _TENSORRT in self.providers:
+            raise OptionsError(
+                "precision: 'int8-dynamic' is ORT's dynamic quantization, whose int8 ops TensorRT does not run; "
+                "TensorRT's own int8 needs a calibration table or a QDQ model (provider_options={'tensorrt': "
+                "{'trt_int8_enable': 1, 'trt_int8_calibration_table_name': ...}}); with TensorRT use precision "
+                "'fp16' or 'fp32'"
+            )
         run_type = str(self.run_type).strip().lower()
         if run_type not in RUN_TYPES:
             raise OptionsError(
@@ -393,6 +415,16 @@ def _parse_int(value: Any, name: str, minimum: int) -> int:
         raise OptionsError(f"{name}: expected an integer >= {minimum}, got {value!r}") from None
     if isinstance(result, bool) or result < minimum:
         raise OptionsError(f"{name}: expected an integer >= {minimum}, got {value!r}")
+    return result
+
+
+def _parse_scale(value: Any, name: str) -> float:
+    try:
+        result = float(value)
+    except (TypeError, ValueError):
+        raise OptionsError(f"{name}: expected a number >= 1, got {value!r}") from None
+    if not (1.0 <= result < float("inf")):
+        raise OptionsError(f"{name}: expected a finite number >= 1, got {value!r}")
     return result
 
 
