@@ -23,6 +23,7 @@ from ..runtime.quirks import (
     fuse_matmul_transposes,
     kernel_fixes,
 )
+from ..runtime.tensorrt import FLOAT16_FACT
 from ..specs import TORCH_TO_ONNX, OrtModel, TensorSpec
 from . import attention
 from .activations import contrib_ops
@@ -541,10 +542,12 @@ def export_graph(
         if fused:
             metrics.increment("fused_attention", fused)
         external: dict[str, int] = {}
+        narrowed = 0
         if constants:
             external = _bake_constants(model, constants, shared)
             if precision == "fp16" and not shared:
-                if not narrow_to_float16(model, providers or _CPU) and float32_products(model):
+                narrowed = narrow_to_float16(model, providers or _CPU)
+                if not narrowed and float32_products(model):
                     metrics.warn_once(
                         "fp16_unavailable",
                         "ort-lazy: precision='fp16': no float16 kernel for the matrix products of %s on %s; "
@@ -584,6 +587,8 @@ def export_graph(
     except Exception as e:
         raise ExportError(f"{name}: {e}") from e
     facts[KERNEL_FIXES_FACT] = True
+    if narrowed:
+        facts[FLOAT16_FACT] = True  # TensorRT may build float16 engines of it
     if (providers or _CPU)[0] == _CPU[0]:
         # ORT's CPU Sigmoid is an approximation, its transposed products slow: rewritten once
         # here, not at each session (nor in a warm process, which would have to parse the model)
@@ -664,7 +669,8 @@ def _all_nodes(graph: Any) -> Any:
 
 def _typed_values(proto: Any) -> Any:
     """``proto`` with an element type and a shape in ``value_info`` for every value its nodes
-    make (the translator's annotations kept; ONNX's inference for the others)."""
+    make (the translator's annotations kept; ONNX's inference for the others, and for the
+    values of subgraphs: ``If`` branches and their outputs)."""
     import onnx
 
     inferred = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
@@ -678,6 +684,11 @@ def _typed_values(proto: Any) -> Any:
     kept += [v for name, v in found.items() if name not in outputs]
     del proto.graph.value_info[:]
     proto.graph.value_info.extend(kept)
+    # branches and loop bodies as ONNX typed them (their outputs included)
+    for node, typed_node in zip(proto.graph.node, inferred.graph.node):
+        for attr, typed_attr in zip(node.attribute, typed_node.attribute):
+            if attr.HasField("g"):
+                attr.g.CopyFrom(typed_attr.g)
     typed = {
         v.name for v in proto.graph.value_info if v.type.tensor_type.elem_type and v.type.tensor_type.HasField("shape")
     } | {o.name for o in proto.graph.output}
