@@ -553,7 +553,7 @@ def encode_graph(program: ExportedProgram, regions: Sequence[_Region]) -> dict[s
         elif node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
             op = node.target
             entry = {
-                "op": f"{op._schema.name}.{op._overloadname}",
+                "op": op_name(op),
                 "schema": str(op._schema),
                 "args": encode(node.args),
                 "kwargs": {k: encode(v) for k, v in node.kwargs.items()},

@@ -46,6 +46,7 @@ import math
 import operator
 import os
 import threading
+import time
 import weakref
 import zipfile
 from collections.abc import Mapping, Sequence
@@ -56,11 +57,13 @@ from torch.utils import _pytree as pytree
 
 from .. import metrics
 from .._version import __version__
+from ..opnames import lookup
 from ..options import Options
 from ..specs import OrtModel, dim_symbols, parse_dim, spec_from_json
 from .flavour import max_ir_version, onnxruntime, ort_version, provider_problem
 from .region import open_runner
-from .session import OrtRunError, OrtRunner
+from .session import OrtRunError, OrtRunner, session_cache
+from .threads import TRIAL_AFTER, ThreadTrial, model_flops, thread_trial
 
 __all__ = [
     "ArtifactError",
@@ -321,23 +324,20 @@ def check_versions(manifest: Mapping[str, Any], *, program: bool = False, where:
 
 
 def resolve_op(name: str, schema: str | None, saved_torch: str) -> Any:
-    """The operator ``name`` (``aten::cumsum.default``) of the installed torch, when it has the
-    ``schema`` it had when saved.
+    """The operator ``name`` (``aten.cumsum.default``, :func:`~ort_lazy.opnames.op_name`'s
+    spelling) of the installed torch, when it has the ``schema`` it had when saved.
 
     Raises:
         ArtifactError: no such operator (another library's, not imported?) or another schema.
     """
-    qualified, _, overload = name.rpartition(".")
-    namespace, _, op_name = qualified.partition("::")
-    if not namespace or not op_name or not overload:
-        raise ArtifactError(f"malformed operator name {name!r}")
-    try:
-        op = getattr(getattr(getattr(torch.ops, namespace), op_name), overload)
-    except (AttributeError, RuntimeError):
+    parts = name.split(".")
+    op = lookup(name) if len(parts) == 3 and all(parts) else None
+    if op is None:
+        namespace = parts[0]
         raise ArtifactError(
             f"the model calls operator {name}, which this torch ({torch.__version__}) does not have"
-            + ("" if namespace == "aten" else f" (import the library that defines {namespace}:: ops before loading)")
-        ) from None
+            + ("" if namespace == "aten" else f" (import the library that defines {namespace} ops before loading)")
+        )
     if not isinstance(op, torch._ops.OpOverload):
         raise ArtifactError(f"{name} is not an operator")
     if schema is not None and str(op._schema) != schema:
@@ -393,10 +393,15 @@ class LoadedRegion:
     model's inputs. Loaded regions have no PyTorch twin: an ORT failure raises
     :class:`~ort_lazy.runtime.session.OrtRunError`, never a silent fallback."""
 
-    def __init__(self, key: str, entry: Mapping[str, Any], runner: OrtRunner) -> None:
+    def __init__(
+        self, key: str, entry: Mapping[str, Any], runner: OrtRunner, options: Options | None = None,
+        weights: Mapping[int, torch.Tensor] | None = None,
+    ) -> None:
         self.key = key
         self.id = str(entry["id"])
         self.runner = runner
+        self.options = options or runner.options
+        self.weights = dict(weights or {})
         self.model = runner.model
         #: per model input: ("t", i) the op's i-th tensor, ("s", j) its j-th size
         self.arrangement: list[tuple[str, int]] = [(str(k), int(i)) for k, i in entry["arrangement"]]
@@ -410,6 +415,23 @@ class LoadedRegion:
         if unknown:
             raise ArtifactError(f"region {self.id}: output dims read symbols no input binds: {sorted(unknown)}")
         self._identity = all(k == "t" and i == n for n, (k, i) in enumerate(self.arrangement))
+
+    def reopened(self, one_thread: bool) -> OrtRunner:
+        """A runner of this region's model on one thread, or on PyTorch's count."""
+        return open_runner(
+            self.model, self.options, self.runner.device, spinning=self.runner.spinning, weights=self.weights, one_thread=one_thread
+        )
+
+    def plans_trial(self) -> bool:
+        """Whether the region's thread count is worth a trial, as a compiled region's is
+        (:func:`~ort_lazy.runtime.threads.thread_trial`): CPU, more than one PyTorch thread, no
+        thread count in ``session_options``, work in the trial's range."""
+        return (
+            self.runner.device.type == "cpu"
+            and torch.get_num_threads() >= 2
+            and "intra_op_num_threads" not in self.options.session_options
+            and thread_trial(model_flops(self.model))
+        )
 
     def run(self, tensors: Sequence[torch.Tensor], sizes: Sequence[int]) -> list[torch.Tensor]:
         """The region's outputs for the op's arguments, computed by ORT."""
@@ -544,6 +566,11 @@ class _DirectPlan:
         self.leaf_out = self.out_spec.is_leaf()
         #: the runner's lean call (inputs are checked here), or its general run
         self.call = region.runner.tensor_call() or region.runner.run
+        #: a thread trial (one thread against PyTorch's count, as a compiled region runs one):
+        #: calls left before it starts, the trial, or None (none planned, or decided)
+        self._trial: int | ThreadTrial | None = TRIAL_AFTER if region.plans_trial() else None
+        self._calls: dict[int, Any] = {}
+        self._lock = threading.Lock()
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         flat = self.inputs.flatten(args, kwargs)
@@ -554,10 +581,52 @@ class _DirectPlan:
             picked = [p(symbols) if callable(p) else flat[p] for p in self.picks]
         else:
             picked = [flat[p] for p in self.picks]  # type: ignore[index]
-        outs = self.call(picked)
+        outs = self.call(picked) if self._trial is None else self._trial_call(picked)
         if self.leaf_out:
             return outs[self.outputs[0]]
         return pytree.tree_unflatten([outs[i] for i in self.outputs], self.out_spec)
+
+
+    def _trial_call(self, picked: Sequence[Any]) -> list[torch.Tensor]:
+        """A call while the thread trial is due or runs: on the runner whose turn it is,
+        timed; at the verdict the faster runner stays and the other's session is dropped."""
+        with self._lock:
+            trial = self._trial
+            runner = self.region.runner
+            if isinstance(trial, int):
+                if trial > 0:
+                    self._trial = trial - 1
+                    return self.call(picked)
+                one = runner.threads == 1
+                try:
+                    other = self.region.reopened(one_thread=not one)
+                except OrtRunError:
+                    self._trial = None  # the planned runner stays
+                    return self.call(picked)
+                trial = self._trial = ThreadTrial(runner, other, runner if one else other)
+            if not isinstance(trial, ThreadTrial):
+                return self.call(picked)
+            winner = trial.winner()
+            if winner is not None:
+                loser = trial.other(winner)
+                if loser.cache_key != winner.cache_key:
+                    session_cache().discard(loser.cache_key)
+                self.region.runner = winner
+                self.call = winner.tensor_call() or winner.run
+                self._trial = None
+                self._calls.clear()
+                metrics.increment("thread_trials")
+                return self.call(picked)
+            runner = trial.runner()
+            call = self._calls.get(id(runner))
+            if call is None:
+                call = self._calls[id(runner)] = runner.tensor_call() or runner.run
+        start = time.perf_counter()
+        outs = call(picked)
+        with self._lock:
+            if isinstance(self._trial, ThreadTrial):
+                self._trial.record(runner, time.perf_counter() - start)
+        return outs
 
 
 def _size_of(pick: Any, inputs: _Inputs) -> Any:
@@ -890,4 +959,4 @@ def _open_region(
             f"{where}: ORT cannot open region {rid} (made with onnxruntime {versions.get('onnxruntime')} for "
             f"{', '.join(artifact.manifest.get('providers', []))}; installed {onnxruntime().__version__}): {e}"
         ) from e
-    return LoadedRegion(f"{load_id}/{rid}", entry, runner)
+    return LoadedRegion(f"{load_id}/{rid}", entry, runner, options, bound)
