@@ -1,9 +1,11 @@
 """Saved models checked the way a deployment uses them: loaded in a fresh process.
 
 :func:`check_in_fresh_process` writes the calls to make and the outputs eager gave for them,
-then starts an interpreter that imports torch and ort-lazy, loads the artifact, makes the
-calls, and reports: the seconds from ``ort_lazy.load`` to the first call's result (sessions
-included), whether each output is within the zoo's bound of eager's (``rtol`` 1e-4, ``atol``
+then starts an interpreter that imports torch and ort-lazy (its loader module too: with
+``PYTHONDONTWRITEBYTECODE`` set, as on the development machines, each process would otherwise
+compile it from source inside the clock), loads the artifact, makes the calls, and reports:
+the seconds from ``ort_lazy.load`` to the first call's result (reading, verifying, onnxruntime's
+import, sessions and the call), whether each output is within the zoo's bound of eager's (``rtol`` 1e-4, ``atol``
 1e-5 of the largest |value|), ORT's run count, whether the direct path ran, and which modules
 of dynamo and of the ONNX exporter were imported by then (none may be).
 """
@@ -32,6 +34,7 @@ FORBIDDEN_MODULES = ("onnxscript", "torch.onnx._internal.exporter", "torch._dyna
 CHILD = r"""
 import json, sys, time
 import torch, ort_lazy
+import ort_lazy.runtime.artifact  # imported before the clock, as torch is (no bytecode cache here)
 from torch.utils import _pytree as pytree
 artifact, data = sys.argv[1], sys.argv[2]
 calls = torch.load(data, weights_only=True)

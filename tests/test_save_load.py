@@ -125,6 +125,23 @@ def test_loaded_call_checks_its_inputs(mlp_artifact: tuple[Path, torch.nn.Module
         torch.testing.assert_close(loaded(x), mlp_artifact[1](x), rtol=1e-4, atol=1e-6)
 
 
+def test_direct_path_times_its_thread_count(mlp_artifact: tuple[Path, torch.nn.Module]) -> None:
+    """The MLP's work at its example (12.6 MFLOP) is in the thread trial's range: its first
+    calls time one thread against PyTorch's count, as a compiled region's do, and the faster
+    runner stays; every call's result is the model's."""
+    if torch.get_num_threads() < 2:
+        pytest.skip("one PyTorch thread: no trial")
+    path, model = mlp_artifact
+    loaded = ort_lazy.load(path)
+    x = torch.randn(32, 256)
+    with torch.no_grad():
+        expected = model(x)
+    for _ in range(40):
+        torch.testing.assert_close(loaded(x), expected, rtol=1e-4, atol=1e-5)
+    assert metrics.counters()["thread_trials"] == 1
+    assert loaded.regions["r0"].runner.threads in (1, None)
+
+
 def test_load_options_reach_the_sessions(mlp_artifact: tuple[Path, torch.nn.Module]) -> None:
     loaded = ort_lazy.load(mlp_artifact[0], session_options={"intra_op_num_threads": 1})
     assert loaded.regions["r0"].runner.options.session_options["intra_op_num_threads"] == 1
@@ -281,12 +298,20 @@ def test_versions_it_cannot_honour(mlp_artifact: tuple[Path, torch.nn.Module], m
 
     graph = json.loads(_member(mixed_artifact[0], "graph.json"))
     for node in graph["nodes"]:
-        if node.get("op") == "aten::cumsum.default":
+        if node.get("op") == "aten.cumsum.default":
             node["schema"] = node["schema"].replace("int dim", "int axis")
     changed = tmp_path / "changed_schema.ortl"
     _rewrite(mixed_artifact[0], changed, {"graph.json": json.dumps(graph).encode()}, manifest=older_torch, rehash=True)
-    with pytest.raises(ArtifactError, match=r"aten::cumsum.default changed between torch 2.11.0"):
+    with pytest.raises(ArtifactError, match=r"aten.cumsum.default changed between torch 2.11.0"):
         ort_lazy.load(changed)
+
+    for node in graph["nodes"]:
+        if node.get("op") == "aten.cumsum.default":
+            node["op"] = "mylib.cumulative.default"
+    foreign = tmp_path / "foreign_op.ortl"
+    _rewrite(mixed_artifact[0], foreign, {"graph.json": json.dumps(graph).encode()}, rehash=True)
+    with pytest.raises(ArtifactError, match="mylib.cumulative.default, which this torch .* import the library"):
+        ort_lazy.load(foreign)
 
 
 def test_dim_expressions_are_arithmetic_only() -> None:
@@ -400,3 +425,37 @@ def test_cli_save_and_info(tmp_path: Path, capsys: pytest.CaptureFixture[str], m
     (tmp_path / "bad.ortl").write_text("no")
     assert cli.main(["info", str(tmp_path / "bad.ortl")]) == 1
     assert "not an ort-lazy artifact" in capsys.readouterr().err
+
+
+# -- the runtime's outputs of symbolic shape ---------------------------------------------------------
+
+
+def test_symbolic_outputs_are_allocated_by_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outputs whose dims the inputs' sizes give (``2*s0``, ``s0 - 1``) are torch tensors bound
+    before the run; the results stay eager's at every size (``nonzero``, whose size depends on
+    the data, beside them)."""
+    from ort_lazy.runtime.session import OrtRunner
+
+    runners: list[OrtRunner] = []
+    original = OrtRunner.__init__
+
+    def record(self: OrtRunner, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        runners.append(self)
+
+    monkeypatch.setattr(OrtRunner, "__init__", record)
+
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        y = torch.cat([x, x]) * 2
+        return y, x[1:] + 1, torch.nonzero(x > 0)
+
+    compiled = ort_lazy.compile(f, dynamic=True, min_block_size=1)
+    for n in (5, 9, 6):
+        x = torch.randn(n, 3)
+        for actual, expected in zip(compiled(x), f(x)):
+            torch.testing.assert_close(actual, expected)
+    assert metrics.counters()["ort_runs"] >= 3
+    symbolic = [r for r in runners if not all(s.static for s in r.model.output_specs)]
+    sized = {str(spec.shape): shape is not None for r in symbolic for _, spec, _, shape in r._output_plan}
+    assert any(k.startswith("('2*s") for k in sized) and any(" - 1'" in k for k in sized), sized
+    assert all(sized.values()), sized  # every dim an expression of the input's: torch-allocated
