@@ -361,6 +361,23 @@ def test_export_onnx_runs_without_torch(tmp_path: Path) -> None:
     assert max(report["errors"]) < 1e-4, report
 
 
+def test_an_input_named_as_a_builtin_keeps_its_name(tmp_path: Path) -> None:
+    """``nn.Sequential``'s argument is ``input``, a builtin's name, which a copy of an FX graph
+    renames (``input_1``): the saved program, the loaded model and the ONNX file keep ``input``."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).eval()
+    x = torch.randn(4, 8)
+    result = ort_lazy.save(model, (x,), tmp_path / "seq.ortl", dynamic_shapes=({0: Dim("batch")},), program=True)
+    assert result["inputs"] == ["input"], result
+    loaded = ort_lazy.load(tmp_path / "seq.ortl")
+    for n in (4, 9):
+        x = torch.randn(n, 8)
+        with torch.no_grad():
+            torch.testing.assert_close(loaded(x), model(x))
+    written = ort_lazy.export_onnx(model, (x,), tmp_path / "seq.onnx", dynamic_shapes={"input": {0: Dim("batch")}})
+    assert written["inputs"] == ["input"] and written["dims"] == {next(iter(written["dims"])): "batch"}, written
+
+
 def test_export_onnx_names_the_ops_left_in_pytorch(tmp_path: Path) -> None:
     with pytest.raises(ort_lazy.SaveError, match="aten.cumsum.default"):
         ort_lazy.export_onnx(Mixed().eval(), (torch.randn(4, 16),), tmp_path / "mixed.onnx", torch_executed_ops=["aten.cumsum"])

@@ -178,6 +178,7 @@ def lower(program: ExportedProgram, options: Options) -> Lowered:
     if lowered is gm:  # nothing on ORT: the program as it is, no regions
         lowered = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
     graph = lowered.graph
+    _restore_placeholder_names(graph, [n.name for n in placeholders])
     _inline_fallen_back(lowered)
     regions: list[_Region] = []
     for node in list(graph.nodes):
@@ -239,6 +240,20 @@ def lower(program: ExportedProgram, options: Options) -> Lowered:
         }
     )
     return Lowered(saved, regions, weights, pytorch_ops, _direct_plan(saved, kept_inputs), user_inputs, options)
+
+
+def _restore_placeholder_names(graph: torch.fx.Graph, names: Sequence[str]) -> None:
+    """Give ``graph``'s placeholders the program's names back: a copy of a graph renames a
+    placeholder that shadows a builtin (``nn.Sequential``'s ``input`` becomes ``input_1``),
+    and the program's signature, the inputs' names and the ONNX file's keep the model's own.
+    Set as ``torch.export`` names them (the name alone: the generated code still picks names
+    of its own, and the graph's namespace keeps the copy's name taken)."""
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(names):
+        raise SaveError(f"the lowered graph takes {len(placeholders)} inputs, the program {len(names)}")
+    for node, name in zip(placeholders, names):
+        if node.name != name:
+            node.name = name
 
 
 def _renamed(spec: Any, value: Any) -> Any:
