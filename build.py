@@ -77,6 +77,9 @@ TEST_DEPS = [
     "safetensors",
     # timm's own dependencies except torchvision (installed --no-deps below); timm.data imports PIL
     "pillow",
+    # the documentation site (mkdocs.yml), built by tests/test_docs.py
+    "mkdocs==1.6.1",
+    "mkdocs-material==9.8.2",
 ]
 #: test packages installed without their dependencies: timm asks for torchvision, whose PyPI
 #: wheel is CUDA-linked and would replace the pinned CPU torch

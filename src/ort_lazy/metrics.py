@@ -55,9 +55,14 @@ _COUNTER_NAMES = (
     "disk_cache_misses",
     "disk_cache_rejected",
     "stream_handoffs",
+    "trt_profile_rebuilds",
     "check_fallbacks",
     "exact_form_switches",
     "fused_attention",
+    "thread_trials",
+    "autotune_kept_in_pytorch",
+    "artifacts_saved",
+    "artifacts_loaded",
 )
 
 _lock = threading.Lock()
