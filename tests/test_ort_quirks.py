@@ -495,6 +495,30 @@ def test_kernel_fixes_make_every_pooling_right_for_every_version_said() -> None:
     assert ops.count("AveragePool") == 1 and "Mul" in ops
 
 
+def _untyped(model: bytes) -> list[str]:
+    """The values of ``model``'s nodes with no element type and rank recorded."""
+    proto = onnx.load_from_string(model)
+    typed = {
+        v.name
+        for v in [*proto.graph.value_info, *proto.graph.output, *proto.graph.input]
+        if v.type.tensor_type.elem_type and v.type.tensor_type.HasField("shape")
+    }
+    return [out for n in proto.graph.node for out in n.output if out and out not in typed]
+
+
+def test_every_value_a_rewrite_adds_is_typed() -> None:
+    """Readers that need every value typed (OpenVINO's, :class:`RegionForm.typed_values`) get the
+    new values typed too: a model typed throughout stays so."""
+    for name in _POOLS:
+        model = onnx.load_from_string(_pool_model(name))
+        model.graph.value_info.extend(model.graph.output)  # the output typed as well
+        model = onnx.shape_inference.infer_shapes(model)
+        assert _untyped(kernel_fixes(model.SerializeToString(), version=(1, 19))) == [], name
+    model = onnx.shape_inference.infer_shapes(onnx.load_from_string(_reduce_max_model()))
+    assert _untyped(model.SerializeToString()) == []
+    assert _untyped(kernel_fixes(model.SerializeToString(), (_OPENVINO, "CPUExecutionProvider"))) == []
+
+
 def test_kernel_fixes_refuse_a_pooling_of_unknown_shape_that_needs_them() -> None:
     """Without the input's spatial shape there is no ratio to apply: the export fails (the region
     runs in PyTorch) rather than ORT giving wrong numbers."""

@@ -728,6 +728,8 @@ def _fix_pool(
             helper.make_node("Constant", [], [f"{stem}_ends"], value=ends),
             helper.make_node("Constant", [], [f"{stem}_axes"], value=axes),
         ]
+        for constant in ("starts", "ends", "axes"):
+            _typed(graph, f"{stem}_{constant}", 7, [rank])
         for i, name in enumerate(outputs):
             if not name:
                 continue
@@ -755,6 +757,7 @@ def _fix_pool(
         averaged.output[0] = unscaled
         _typed(graph, unscaled, elem, [shape[0], shape[1], *sizes])
         scale = helper.make_tensor(f"{stem}_ratio", elem, sizes, ratio.ravel().tolist())
+        _typed(graph, f"{stem}_ratio", elem, sizes)
         extra += [
             helper.make_node("Constant", [], [f"{stem}_ratio"], value=scale),
             helper.make_node("Mul", [unscaled, f"{stem}_ratio"], [result]),
@@ -780,8 +783,9 @@ def _fix_reduce_max(
     out_shape = shapes.get(y)
     node.output[0] = f"{stem}_max"
     for name, elem, dims in (
-        (f"{stem}_max", 1, out_shape), (f"{stem}_finite", 9, shapes.get(x)), (f"{stem}_mask", 1, shapes.get(x)),
-        (f"{stem}_any", 1, out_shape), (f"{stem}_some", 9, out_shape),
+        (f"{stem}_ninf", 1, ()), (f"{stem}_finite_not", 9, shapes.get(x)), (f"{stem}_finite", 9, shapes.get(x)),
+        (f"{stem}_mask", 1, shapes.get(x)), (f"{stem}_max", 1, out_shape), (f"{stem}_any", 1, out_shape),
+        (f"{stem}_some", 9, out_shape),
     ):  # fmt: skip
         _typed(graph, name, elem, dims)
     lowest = helper.make_tensor(f"{stem}_ninf", 1, [], [float("-inf")])
