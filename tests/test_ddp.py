@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import forkserver
 from helpers import assert_close
 
 pytestmark = pytest.mark.skipif(
@@ -385,9 +386,7 @@ os._exit(0)
 def test_compiled_ddp_that_compiles_nothing_is_named(tmp_path: Path, form: str, compiles: bool, warns: bool) -> None:
     script = tmp_path / "run.py"
     script.write_text(_UNCOMPILED_DDP)
-    out = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "store"), form], capture_output=True, text=True, timeout=240, cwd=REPO
-    )
+    out = forkserver.run([sys.executable, str(script), str(tmp_path / "store"), form], timeout=240, cwd=REPO)
     assert out.returncode == 0, out.stderr[-3000:]
     graphs, flagged = (int(v) for v in re.search(r"RESULT (\d+) (\d+)", out.stdout).groups())
     assert (graphs > 0) == compiles and (flagged > 0) == warns, out.stdout

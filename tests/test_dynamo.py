@@ -5,13 +5,13 @@ from __future__ import annotations
 import copy
 import logging
 import os
-import subprocess
 import sys
 import textwrap
 
 import pytest
 import torch
 
+import forkserver
 import ort_lazy
 from helpers import assert_close, assert_ran_on_ort, compile_ort, train_parity
 from ort_lazy import metrics
@@ -491,7 +491,8 @@ def test_fresh_process_without_import():
         """
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORT_LAZY_")}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    # a fork of a process that imported torch and dynamo, not ort_lazy: the entry point loads it
+    result = forkserver.run([sys.executable, "-c", code], env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "OK" in result.stdout
 
