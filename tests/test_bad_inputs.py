@@ -775,6 +775,7 @@ def test_cli_demo_explains_its_table(tmp_path):
             assert first > 0.0, line  # the calls until ORT ran, compiling included: not 0.00
 
 
+@pytest.mark.full
 def test_bench_quick_reports_targets_as_information_and_leaks_no_configuration(tmp_path):
     facts = run_case(
         f"""
@@ -816,11 +817,12 @@ RANDOM_CASES = 320
 RANDOM_CHUNKS = 4
 
 
-@pytest.mark.parametrize("chunk", range(RANDOM_CHUNKS))
+@pytest.mark.parametrize("chunk", [c if c == 0 else pytest.param(c, marks=pytest.mark.full) for c in range(RANDOM_CHUNKS)])
 def test_random_options_devices_dtypes_never_crash(chunk):
     """A seeded draw of options (valid and invalid), devices (cpu, meta), the seven dtypes,
     functions and front doors: every result equals eager's, or eager raises too, or the error
-    names the setting to fix; never a crash. Cases run in ``RANDOM_CHUNKS`` processes."""
+    names the setting to fix; never a crash. Cases run in ``RANDOM_CHUNKS`` processes: the
+    first by default, all of them in the full tier."""
     per = RANDOM_CASES // RANDOM_CHUNKS
     proc = forkserver.run(
         [sys.executable, str(TESTS / "random_cases.py"), str(RANDOM_SEED), str(chunk * per), str(per)],

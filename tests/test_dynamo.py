@@ -13,7 +13,7 @@ import torch
 
 import forkserver
 import ort_lazy
-from helpers import assert_close, assert_ran_on_ort, compile_ort, train_parity
+from helpers import assert_close, assert_ran_on_ort, compile_ort, tiered, train_parity
 from ort_lazy import metrics
 from ort_lazy.models import MLP, SeedModel, SmallCNN, TinyGPT
 
@@ -409,8 +409,15 @@ SYMBOLIC_CASES = {
 }
 
 
-@pytest.mark.parametrize("kind", ["inference", "inference-aotautograd", "training"])
-@pytest.mark.parametrize("name", SYMBOLIC_CASES)
+_SYMBOLIC_KINDS = ["inference", "inference-aotautograd", "training"]
+_SYMBOLIC = [(name, kind) for kind in _SYMBOLIC_KINDS for name in SYMBOLIC_CASES]
+#: every model and every kind once by default
+_SYMBOLIC_FAST = [
+    ("linear-3d", "training"), ("tinygpt", "inference"), ("cnn", "inference-aotautograd"), ("squeeze-excite", "training"),
+]
+
+
+@pytest.mark.parametrize("name,kind", tiered(_SYMBOLIC, _SYMBOLIC_FAST, unpack=True), ids=[f"{n}-{k}" for n, k in _SYMBOLIC])
 def test_symbolic_dims_stay_symbolic(
     name: str, kind: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

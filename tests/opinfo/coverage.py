@@ -19,7 +19,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make ``opinfo`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from opinfo.selection import FAST, RANDOM_OPS  # noqa: E402
+from opinfo.selection import RANDOM_OPS, fast_cases  # noqa: E402
 from opinfo.table import DIRECTIONS, DTYPES, TABLE, Entry, Key, kind, read_table  # noqa: E402
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "COVERAGE.md"
@@ -103,7 +103,8 @@ def render(entries: Mapping[Key, Entry]) -> str:
         out.append(_row(["**all**", f"**{direction}**"], statuses))
     out.append(_row(["**all**", "**all**"], [e.status for e in entries.values()]))
 
-    fast = [e.expected(1) for (_, d, r), e in entries.items() if (d, r) in FAST]
+    fast_keys = fast_cases(entries)
+    fast = [e.expected(1) for key, e in entries.items() if key in fast_keys]
     ops = {op for op, _, _ in entries}
     ort_ops = {op for (op, _, _), e in entries.items() if e.status == "ort"}
     out += [

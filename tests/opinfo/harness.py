@@ -40,13 +40,12 @@ from ort_lazy.debug.records import GraphRecord, recording
 from ort_lazy.reasons import Reason
 from ort_lazy.runtime.session import session_cache
 
-from .selection import FAST, RANDOM_OPS, TIE_OPS
+from .selection import RANDOM_OPS, TIE_OPS, fast_cases
 from .table import DIRECTIONS, DTYPES
 
 __all__ = [
     "Case",
     "CaseResult",
-    "FAST",
     "RANDOM_OPS",
     "TOLERANCES",
     "all_cases",
@@ -154,9 +153,10 @@ def all_cases(mode: str = "full") -> list[Case]:
             if TORCH_DTYPES[dtype] not in supported:
                 continue
             for direction in _directions(op, dtype):
-                if mode == "fast" and (dtype, direction) not in FAST:
-                    continue
                 cases.append(Case(key, dtype, direction))
+    if mode == "fast":
+        fast = fast_cases(c.key for c in cases)
+        cases = [c for c in cases if c.key in fast]
     return cases
 
 

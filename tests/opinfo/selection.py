@@ -3,11 +3,46 @@
 
 from __future__ import annotations
 
-__all__ = ["FAST", "RANDOM_OPS", "TIE_OPS"]
+import zlib
+from collections.abc import Iterable
 
-#: The fast subset (the default, run by ``build.py --test``): every op, one sample, these
-#: (dtype, direction) pairs.
-FAST = (("float32", "forward"), ("int64", "forward"), ("bool", "forward"), ("float32", "backward"))
+__all__ = ["FAST_BACKWARD", "FAST_FORWARD", "FAST_GROUPS", "RANDOM_OPS", "TIE_OPS", "fast_cases", "group"]
+
+#: The fast subset (the default, run by ``build.py --test``) takes one case of most ops, one
+#: sample each. The ops fall into :data:`FAST_GROUPS` groups by a hash of their name
+#: (:func:`group`: stable across machines, and an op added to PyTorch's database moves no other
+#: op); the float32 forward case (AOTAutograd's inference graph) runs for the ops of the groups
+#: in :data:`FAST_FORWARD`, the float32 backward case (the training graphs: forward outputs and
+#: gradients) for those in :data:`FAST_BACKWARD` (their forward case where they have none).
+#: That is half of the ops. Everything else (the remaining ops, the other dtypes and
+#: directions, two samples per case) is the full tier: ``--opinfo=full``, which ``--full-tier``
+#: (``build.py --test --full``, CI's full job) implies.
+FAST_GROUPS = 6
+FAST_FORWARD = (0, 1)
+FAST_BACKWARD = (2,)
+
+
+def group(op: str) -> int:
+    """The group of the OpInfo ``op[/variant]`` (see :data:`FAST_GROUPS`)."""
+    return zlib.crc32(op.encode()) % FAST_GROUPS
+
+
+def fast_cases(keys: Iterable[tuple[str, str, str]]) -> set[tuple[str, str, str]]:
+    """The (op, dtype, direction) cases of the fast subset among ``keys`` (every case there is)."""
+    keys = set(keys)
+    fast = set()
+    for op, dtype, direction in keys:
+        if dtype != "float32":
+            continue
+        g = group(op)
+        if direction == "backward" and g in FAST_BACKWARD:
+            fast.add((op, dtype, direction))
+        elif direction == "forward" and (
+            g in FAST_FORWARD or (g in FAST_BACKWARD and (op, dtype, "backward") not in keys)
+        ):
+            fast.add((op, dtype, direction))
+    return fast
+
 
 #: OpInfos whose result is random or reads uninitialised memory: eager itself gives a different
 #: answer on every call, so there is nothing to compare. Not parametrized at all. (Ops that are
