@@ -71,10 +71,15 @@ TEST_DEPS = [
     "hypothesis",
     # the real-model zoo: random-weight configs, no downloads
     "transformers==5.24.0",
+    # Hugging Face's Trainer and accelerate with the onnxrt name (tests/test_trainer.py)
+    "accelerate==1.16.0",
     "huggingface-hub",
     "safetensors",
     # timm's own dependencies except torchvision (installed --no-deps below); timm.data imports PIL
     "pillow",
+    # the documentation site (mkdocs.yml), built by tests/test_docs.py
+    "mkdocs==1.6.1",
+    "mkdocs-material==9.8.2",
 ]
 #: test packages installed without their dependencies: timm asks for torchvision, whose PyPI
 #: wheel is CUDA-linked and would replace the pinned CPU torch

@@ -202,12 +202,16 @@ def export_floor(
     *,
     optimize: bool = False,
     default_options: bool = False,
+    providers: Sequence[str] | None = None,
 ) -> FloorRunner:
     """``model`` exported by ``torch.onnx.export(dynamo=True)`` (weights as initializers) and run
     by ORT with inputs and outputs bound once.
 
     ``optimize``: run the exporter's optimizer. ``default_options``: ORT's default session
     options but ``threads`` (the best direct ORT run); otherwise the options ort-lazy uses.
+    ``providers``: ORT's execution providers in priority order (ORT's names), each with ORT's
+    default provider options; None: the CPU provider, after ORT's CUDA provider for inputs on
+    a GPU.
     """
     import onnxruntime as ort
 
@@ -220,12 +224,12 @@ def export_floor(
     so.intra_op_num_threads = threads
     if not default_options:
         so.add_session_config_entry("session.intra_op.allow_spinning", "1")
-    providers: list[Any] = ["CPUExecutionProvider"]
-    if inputs and inputs[0].is_cuda:
+    chosen: list[Any] = list(providers) if providers is not None else ["CPUExecutionProvider"]
+    if providers is None and inputs and inputs[0].is_cuda:
         # ORT's CUDA provider with its defaults, but TF32 as torch has it (torch: off by default)
         cuda = {"device_id": str(inputs[0].device.index or 0), "use_tf32": str(int(torch.backends.cuda.matmul.allow_tf32))}
-        providers.insert(0, ("CUDAExecutionProvider", cuda))
-    sess = ort.InferenceSession(model_bytes, sess_options=so, providers=providers)
+        chosen.insert(0, ("CUDAExecutionProvider", cuda))
+    sess = ort.InferenceSession(model_bytes, sess_options=so, providers=chosen)
     outs = expected if isinstance(expected, (tuple, list)) else [expected]
     call = CapturedCall(
         model_bytes=model_bytes,

@@ -1,7 +1,8 @@
 """Real-model rows for the benchmark: Hugging Face transformers classes at benchmark sizes.
 
 Random weights from configs (nothing is downloaded), dropout off, every model returning one
-tensor so the suite's loss and parity checks apply unchanged. ResNet-18, EfficientNet-B0 and
+tensor so the suite's loss and parity checks apply unchanged. The Llama decoder is transformers'
+``LlamaForCausalLM`` (RMSNorm, rotary positions, grouped key/value heads, SwiGLU) at GPT-2's size. ResNet-18, EfficientNet-B0 and
 ViT come from transformers' own ``ResNet``, ``EfficientNet`` and ``ViT`` classes (the
 torchvision wheel on PyPI is CUDA-linked and does not load beside the CPU torch). ``transformers`` is imported only when one of these
 models is chosen.
@@ -55,6 +56,17 @@ def _gpt2() -> nn.Module:
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
     )
     return _Tensor(GPT2LMHeadModel(config), "logits")
+
+
+def _llama() -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=_VOCAB, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=688, max_position_embeddings=256, use_cache=False, attention_dropout=0.0,
+        tie_word_embeddings=False,
+    )
+    return _Tensor(LlamaForCausalLM(config), "logits")
 
 
 def _resnet18() -> nn.Module:
@@ -124,6 +136,11 @@ def _entry(name: str, make: Callable[[], nn.Module], inputs: Callable[[], tuple[
 ZOO: dict[str, BuiltinModel] = {
     "bert": _entry("bert", _bert, _tokens, f"BertModel, 4 layers, hidden 256, batch {ZOO_BATCH} x {_SEQ} tokens"),
     "gpt2": _entry("gpt2", _gpt2, _tokens, f"GPT2LMHeadModel, 4 layers, n_embd 256, batch {ZOO_BATCH} x {_SEQ} tokens"),
+    "llama": _entry(
+        "llama", _llama, _tokens,
+        f"LlamaForCausalLM decoder, 4 layers, hidden 256, 4 heads sharing 2 key/value heads, SwiGLU 688, "
+        f"batch {ZOO_BATCH} x {_SEQ} tokens",
+    ),
     "resnet": _entry("resnet", _resnet18, _images, f"ResNet-18 (transformers ResNet), batch {ZOO_BATCH} x 3x224x224"),
     "ffn": _entry("ffn", _ffn, _hidden_states, f"Transformer feed-forward block {_FFN_WIDTH} -> {4 * _FFN_WIDTH} -> {_FFN_WIDTH}, GELU, batch {ZOO_BATCH} x {_SEQ} tokens"),
     "efficientnet": _entry(

@@ -1,15 +1,18 @@
 """Reporting the rows: their ratios to one another, the text table, the JSON file and the chart.
 
 Ratios are per model and mode: ``x eager``, ``x floor`` (``ort+freeze`` against ``floor+freeze``,
-the ``ort`` training row against ``aot-eager``), ``x best`` (the best direct ORT run), ``x
-induct``, ``x ort`` (reduced-precision and fast_math rows against fp32 ``ort``), the mixed
-regime's penalty, and the first call and compile time against Inductor's. Below 1 is faster.
+the ``ort`` training row against ``aot-eager``), ``x best`` (the best direct ORT run on the
+row's provider: ``best-ort``, or a provider's ``best-ort-<name>``), ``x induct``, ``x ort``
+(reduced-precision and fast_math rows against fp32 ``ort``), ``x peer`` (ort-lazy on a provider
+against that provider's own ``torch.compile`` backend), the mixed regime's penalty, and the
+first call and compile time against Inductor's. Below 1 is faster.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import json
 import math
 import platform
@@ -36,20 +39,26 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 
 def add_ratios(rows: Sequence[Row]) -> None:
-    """Fill ``vs_eager``, ``vs_floor``, ``vs_inductor``, ``vs_best``, ``mixed_penalty``,
-    ``first_vs_inductor`` and ``compile_vs_inductor`` in place."""
+    """Fill ``vs_eager``, ``vs_floor``, ``vs_inductor``, ``vs_best``, ``vs_peer``,
+    ``mixed_penalty``, ``first_vs_inductor`` and ``compile_vs_inductor`` in place."""
     groups: dict[tuple[str, str], dict[str, Row]] = {}
     for r in rows:
         groups.setdefault((r.model, r.mode), {})[r.backend] = r
     for group in groups.values():
         eager, inductor, dynamo = group.get("eager"), group.get("inductor"), group.get("dynamo")
-        best, ort = group.get("best-ort"), group.get("ort")
+        ort = group.get("ort")
         for r in group.values():
             if r.status != "ok":
                 continue
+            spec = BACKENDS.get(r.backend)
+            best = group.get(spec.best if spec is not None else "best-ort")
             if best is not None and best.status == "ok" and r is not best:
                 r.vs_best = ratio(r.median_ms, best.median_ms)
-            spec = BACKENDS.get(r.backend)
+            peer = group.get(spec.peer) if spec is not None and spec.peer else None
+            if peer is not None and peer.status == "ok":
+                r.vs_peer = ratio(r.median_ms, peer.median_ms)
+                if r.vs_peer is not None:
+                    r.note += f"{', ' if r.note else ''}{r.vs_peer:.2f}x {peer.backend}'s time"
             alone = group.get(spec.alone) if spec is not None and spec.alone else None
             if alone is not None and alone.status == "ok" and r.median_ms is not None:
                 r.mixed_penalty = ratio(r.median_ms - r.extra.get("pre_ms", 0.0), alone.median_ms)
@@ -130,7 +139,7 @@ def write_png(rows: Sequence[Row], path: Path) -> bool:
     backends = [b for b in dict.fromkeys(r.backend for r in rows) if b != "eager"]
     index = {(r.model, r.mode, r.backend): r for r in rows}
     fig, axes = plt.subplots(2, 1, figsize=(max(8.0, 1.1 * len(groups) + 3), 8), constrained_layout=True)
-    panels = (("vs_eager", "time / eager (lower is faster)"), ("vs_best", "time / best direct ORT run"))
+    panels = (("vs_eager", "time / eager (lower is faster)"), ("vs_best", "time / best direct ORT run on the row's provider (best-ort-<provider>: / best-ort)"))
     width = 0.8 / max(1, len(backends))
     labels = [f"{m}\n{mode}" for m, mode in groups]
     for ax, (field, title) in zip(axes, panels):
@@ -164,16 +173,24 @@ def write_png(rows: Sequence[Row], path: Path) -> bool:
 
 
 def versions() -> dict[str, str]:
-    """The versions of Python, torch, onnxruntime and ort-lazy (those that import)."""
+    """The versions of Python, torch, onnxruntime (and its providers), ort-lazy and OpenVINO
+    (those that import)."""
     out = {"python": platform.python_version(), "torch": torch.__version__}
     with contextlib.suppress(Exception):
         import onnxruntime
 
         out["onnxruntime"] = onnxruntime.__version__
     with contextlib.suppress(Exception):
+        out["onnxruntime_providers"] = ",".join(onnxruntime.get_available_providers())
+    with contextlib.suppress(Exception):
         import ort_lazy
 
         out["ort_lazy"] = ort_lazy.__version__
+    if importlib.util.find_spec("openvino") is not None:
+        with contextlib.suppress(Exception):
+            import openvino
+
+            out["openvino"] = openvino.__version__
     return out
 
 

@@ -34,6 +34,20 @@ every row the suite knows:
   matmul's own time, measured alone, is taken off: ``penalty`` is the remaining time over the
   same backend's time alone.
 
+Rows per execution provider (:data:`PROVIDERS`; each :class:`Provider` gets the same rows, named
+after its short name, here OpenVINO's):
+
+* ``ort-openvino``: ``torch.compile(backend="ort", options={"providers": "openvino,cpu"})``;
+* ``best-ort-openvino``: ``best-ort``'s exported model run on the provider first, then the CPU
+  provider, ORT's default session and provider options, inputs and outputs bound once;
+* ``openvino``: the provider's own ``torch.compile`` backend (the peer), here OpenVINO's
+  (``import openvino.torch``; ``backend="openvino"``).
+
+``x best`` of a provider's rows is against the provider's own ``best-ort-<name>`` row, that
+row's against ``best-ort`` (the provider's best run over the CPU provider's); ``x peer`` of
+``ort-<name>`` is against the peer. These rows are run only where the provider (or the peer's
+package) is installed: :func:`missing` says what to install otherwise.
+
 Besides the built-in models (:data:`ort_lazy.models.BUILTIN`), the suite takes real models
 (:data:`_models.ZOO`: BERT, GPT-2, ResNet-18, EfficientNet-B0, ViT-Tiny from transformers'
 classes, random weights).
@@ -46,8 +60,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import importlib
+import importlib.util
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -55,8 +71,9 @@ from _floor import FloorRunner, capture_regions, export_floor, least_backend
 from _models import ZOO
 
 __all__ = [
-    "BACKENDS", "DEFAULT_BACKENDS", "MIXED_MM", "MODES", "Backend", "Case", "Prepared", "Row",
-    "check_against_eager", "default_backends", "grad_mode", "known_models",
+    "BACKENDS", "DEFAULT_BACKENDS", "MIXED_MM", "MODES", "PROVIDERS", "Backend", "Case", "Peer", "Prepared",
+    "Provider", "Row", "check_against_eager", "default_backends", "grad_mode", "known_models", "missing",
+    "peer_compile", "peer_compiling", "provider_rows",
 ]
 
 MODES = ("inference", "train")
@@ -124,6 +141,10 @@ class Backend:
     alone: str | None = None  # mixed-regime rows: the row of the same backend called alone
     reduced: bool = False  # a reduced-precision or fast_math row: compared with the fp32 ``ort`` row
     devices: tuple[str, ...] = ("cpu", "cuda")  # where the row means something
+    best: str = "best-ort"  # the row its ``x best`` is against (a provider's rows: its own best run)
+    peer: str | None = None  # the row its ``x peer`` is against (the provider's own torch.compile backend)
+    #: what the row needs installed: None when it can run here, else what to install
+    needs: Callable[[], str | None] = lambda: None
 
 
 @dataclasses.dataclass
@@ -155,6 +176,8 @@ class Row:
     vs_ort: float | None = None
     #: mixed-regime rows: (median - the PyTorch matmul's time alone) / the backend's median alone
     mixed_penalty: float | None = None
+    #: ``ort-<provider>`` rows: median over the provider's own torch.compile backend's (the peer)
+    vs_peer: float | None = None
     first_vs_inductor: float | None = None
     #: (first call - dynamo's first call) / (Inductor's first call - dynamo's first call):
     #: the backend's own compile time against Inductor's, without the trace both share
@@ -244,7 +267,28 @@ def _ort_counters() -> dict[str, int]:
     return metrics.counters()
 
 
-def _build_ort(case: Case, freeze: bool = False, precision: str | None = None, fast_math: bool = False) -> Prepared:
+def _ep_nodes() -> dict[str, int]:
+    from ort_lazy import metrics
+
+    return metrics.ep_nodes()
+
+
+def _placement(nodes: Mapping[str, int], provider: str) -> str:
+    """``provider``'s share of ONNX nodes, as the notes give it: ``OpenVINOExecutionProvider
+    41/43 nodes``."""
+    total = sum(nodes.values())
+    return f"{provider} {nodes.get(provider, 0)}/{total} nodes" if total else ""
+
+
+def _build_ort(
+    case: Case,
+    freeze: bool = False,
+    precision: str | None = None,
+    fast_math: bool = False,
+    provider: Provider | None = None,
+) -> Prepared:
+    """``torch.compile(backend="ort")`` with the row's options; ``provider``: its providers
+    first (``options["providers"]``), the notes saying how many ONNX nodes it took."""
     model = case.fresh_model()
     options = dict(case.ort_options)
     if freeze:
@@ -253,32 +297,70 @@ def _build_ort(case: Case, freeze: bool = False, precision: str | None = None, f
         options["precision"] = precision
     if fast_math:
         options["fast_math"] = True
+    if provider is not None:
+        options["providers"] = ",".join(provider.chain)
     compiled = torch.compile(model, backend="ort", options=options)
     step = _make_step(case, compiled, model)
-    before = _ort_counters()
+    before, nodes_before = _ort_counters(), _ep_nodes()
     first, out = _first_call(case, step)
-    after = _ort_counters()
+    after, nodes_after = _ort_counters(), _ep_nodes()
     delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
     keep = ("regions_on_ort", "fallback_regions", "fallback_ops", "export_failures", "ort_failures")
-    extra = {k: delta.get(k, 0) for k in keep}
+    extra: dict[str, Any] = {k: delta.get(k, 0) for k in keep}
     note = f"regions={extra['regions_on_ort']}"
     if extra["fallback_ops"]:
         note += f" fallback_ops={extra['fallback_ops']}"
     if extra["ort_failures"] or extra["export_failures"]:
         note += f" failures={extra['ort_failures'] + extra['export_failures']}"
+    if provider is not None:
+        nodes = {k: v - nodes_before.get(k, 0) for k, v in nodes_after.items() if v > nodes_before.get(k, 0)}
+        extra["ep_nodes"] = nodes
+        if nodes:
+            note += f", {_placement(nodes, provider.ort_name)}"
     return Prepared(step, first, out, note=note, extra=extra)
 
 
-def _build_best_ort(case: Case) -> Prepared:
-    """``torch.onnx.export(dynamo=True, optimize=True)``, default ORT options, IOBinding."""
+def _build_best_ort(case: Case, provider: Provider | None = None) -> Prepared:
+    """``torch.onnx.export(dynamo=True, optimize=True)``, default ORT options, IOBinding;
+    ``provider``: on its providers (ORT's default options for each), the notes saying how
+    many ONNX nodes it took (counted on a second session: the timed one has ORT's defaults)."""
     if case.train:
         raise ValueError("the best ORT run is measured for inference only")
+    chain = provider.chain if provider is not None else None
     start = time.perf_counter()
-    runner = export_floor(case.fresh_model(), case.inputs, case.threads, optimize=True, default_options=True)
+    runner = export_floor(case.fresh_model(), case.inputs, case.threads, optimize=True, default_options=True, providers=chain)
     runner()
     first = time.perf_counter() - start
     outs = runner.outputs()
-    return Prepared(runner, first, outs[0] if len(outs) == 1 else None, note="torch.onnx.export(dynamo=True, optimize=True)")
+    note = "torch.onnx.export(dynamo=True, optimize=True)"
+    extra: dict[str, Any] = {}
+    if provider is not None:
+        used = runner.sessions[0].get_providers()
+        if used[0] != provider.ort_name:
+            raise RuntimeError(f"ORT put the session on {used}, not on {provider.ort_name}")
+        nodes = _assignment(runner.calls[0].model_bytes, case.threads, provider.chain)
+        extra["ep_nodes"] = nodes
+        if nodes:
+            note += f", {_placement(nodes, provider.ort_name)}"
+    return Prepared(runner, first, outs[0] if len(outs) == 1 else None, note=note, extra=extra)
+
+
+def _assignment(model_bytes: bytes, threads: int, providers: Sequence[str]) -> dict[str, int]:
+    """ONNX nodes per provider in a session of ``model_bytes`` on ``providers`` (ORT's node
+    assignment, recorded by ORT 1.23 and later; empty before)."""
+    import onnxruntime as ort
+
+    from ort_lazy.runtime import providers as eps
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.intra_op_num_threads = threads
+    so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+    try:
+        sess = ort.InferenceSession(model_bytes, sess_options=so, providers=list(providers))
+    except Exception:  # a figure for the notes, not a reason to lose the row
+        return {}
+    return eps.ep_nodes(sess) or {}
 
 
 def _build_dynamo_best_ort(case: Case) -> Prepared:
@@ -347,6 +429,247 @@ def _build_floor(case: Case, freeze: bool = False) -> Prepared:
     return Prepared(runner, first, out, note=note, extra={"floor_source": source, "regions": runner.regions})
 
 
+# ----------------------------------------------------------------------------- providers
+
+
+@dataclasses.dataclass(frozen=True)
+class Peer:
+    """A provider's own ``torch.compile`` backend, measured beside ort-lazy on that provider.
+
+    Importing ``module`` registers ``backend``. The settings of dynamo that the import changes
+    for the whole process (OpenVINO's turns ``inline_inbuilt_nn_modules`` off) are undone after
+    it and applied only while the peer compiles, so the other rows run with dynamo's own.
+    """
+
+    name: str  # its row
+    module: str  # imported before compiling: registers the backend
+    backend: str  # torch.compile's name for it
+    install: str  # what to install where ``module`` is missing
+    #: ``torch.compile``'s options for it
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    #: what the backend did, watched while it compiles: a context manager yielding a dict that
+    #: ``describe`` turns into the row's note (raising where it handed the graph elsewhere)
+    watch: Callable[[], contextlib.AbstractContextManager[dict[str, Any]]] | None = None
+    describe: Callable[[dict[str, Any]], str] | None = None
+    why: str = ""  # said in the row's note: how the peer is set up
+
+
+@dataclasses.dataclass(frozen=True)
+class Provider:
+    """An execution provider measured with rows of its own (:func:`provider_rows`):
+    ``ort-<key>`` (ort-lazy on ``chain``), ``best-ort-<key>`` (``best-ort``'s model directly on
+    ``chain``) and, when it has one, its ``peer``."""
+
+    key: str  # the short name the rows are named after
+    label: str  # for people: the targets' text
+    chain: tuple[str, ...]  # ORT's providers in priority order (ORT's names), the provider first
+    install: str  # what to install where the installed onnxruntime lacks it
+    devices: tuple[str, ...] = ("cpu",)  # where its rows are measured
+    peer: Peer | None = None
+
+    @property
+    def ort_name(self) -> str:
+        """ORT's name for the provider."""
+        return self.chain[0]
+
+    def modes(self) -> tuple[str, ...]:
+        """The modes ort-lazy runs on it: inference only for a provider whose reader takes
+        inference graphs only (ort-lazy gives training graphs to ORT's kernel providers)."""
+        from ort_lazy.runtime.providers import traits_of
+
+        return ("inference",) if traits_of(self.ort_name).inference_only else MODES
+
+    def needs(self) -> str | None:
+        """None where the installed onnxruntime has every provider of ``chain``, else what to install."""
+        try:
+            import onnxruntime as ort
+
+            available = set(ort.get_available_providers())
+        except Exception as e:  # pragma: no cover - the suite needs onnxruntime anyway
+            return f"onnxruntime does not load ({type(e).__name__}: {e})"
+        absent = [p for p in self.chain if p not in available]
+        if not absent:
+            return None
+        return f"the installed onnxruntime has no {', '.join(absent)} (available: {', '.join(sorted(available))}); {self.install}"
+
+
+_peer_changes: dict[str, dict[str, Any]] = {}
+
+
+def _import_peer(peer: Peer) -> dict[str, Any]:
+    """Import ``peer.module`` once; the dynamo settings the import changed, which are undone."""
+    if peer.module not in _peer_changes:
+        import torch._dynamo
+
+        before = torch._dynamo.config.get_config_copy()
+        importlib.import_module(peer.module)
+        after = torch._dynamo.config.get_config_copy()
+        changes = {k: v for k, v in after.items() if k in before and before[k] != v}
+        for k in changes:
+            setattr(torch._dynamo.config, k, before[k])
+        _peer_changes[peer.module] = changes
+    return _peer_changes[peer.module]
+
+
+@contextlib.contextmanager
+def peer_compiling(peer: Peer) -> Iterator[dict[str, Any]]:
+    """The context the peer compiles in (its first call): its module imported, the dynamo
+    settings its import changed, its watch; yields what the watch saw."""
+    import torch._dynamo
+
+    changes = _import_peer(peer)
+    with torch._dynamo.config.patch(changes):
+        if peer.watch is None:
+            yield {}
+        else:
+            with peer.watch() as seen:
+                yield seen
+
+
+def peer_compile(peer: Peer, model: torch.nn.Module) -> Callable[..., Any]:
+    """``torch.compile(model, backend=peer.backend)`` with the peer's options (it compiles at
+    its first call, which must run inside :func:`peer_compiling`). The module is imported
+    first: torch's lookup of the backend would import it itself (an entry point), keeping the
+    settings it changes."""
+    _import_peer(peer)
+    options = copy.deepcopy(dict(peer.options)) or None
+    return torch.compile(model, backend=peer.backend, options=options)
+
+
+def _build_peer(case: Case, peer: Peer) -> Prepared:
+    """The peer's ``torch.compile`` backend; its first call (the compile) under its settings."""
+    if case.train:
+        raise ValueError(f"{peer.name} is measured for inference only")
+    model = case.fresh_model()
+    with peer_compiling(peer) as seen:
+        step = _make_step(case, peer_compile(peer, model), model)
+        first, out = _first_call(case, step)
+    note = peer.describe(seen) if peer.describe is not None else ""
+    if peer.why:
+        note += f"{', ' if note else ''}{peer.why}"
+    return Prepared(step, first, out, note=note, extra={"peer": dict(seen)})
+
+
+@contextlib.contextmanager
+def _openvino_watch() -> Iterator[dict[str, Any]]:
+    """What OpenVINO's backend does while it compiles: the graphs it partitions, its OpenVINO
+    partitions and the ops it leaves to PyTorch. Where it fails on a graph it hands the graph
+    to Inductor without a word; here that is an error naming OpenVINO's failure instead (a row
+    named ``openvino`` timing Inductor would be a wrong figure)."""
+    import sys
+
+    from openvino.frontend.pytorch.torchdynamo import backend as ov_backend
+    from openvino.frontend.pytorch.torchdynamo.partition import Partitioner
+
+    seen: dict[str, Any] = {"graphs": 0, "partitions": 0, "torch_ops": []}
+    make_partitions = Partitioner.make_partitions
+    compile_fx = ov_backend.compile_fx
+
+    def partitions(self: Any, graph_module: torch.fx.GraphModule, options: Any) -> torch.fx.GraphModule:
+        fused = make_partitions(self, graph_module, options)
+        seen["graphs"] += 1
+        for node in fused.graph.nodes:
+            if node.op == "call_module" and "fused_" in node.name:
+                seen["partitions"] += 1
+            elif node.op == "call_function":
+                seen["torch_ops"].append(str(node.target))
+        return fused
+
+    def handed_to_inductor(*args: Any, **kwargs: Any) -> Any:
+        cause = sys.exc_info()[1]  # called inside the backend's ``except``: OpenVINO's own error
+        raise RuntimeError(
+            f"OpenVINO's backend failed and handed the graph to Inductor: {type(cause).__name__}: {cause}"
+        ) from cause
+
+    Partitioner.make_partitions = partitions  # type: ignore[method-assign]
+    ov_backend.compile_fx = handed_to_inductor
+    try:
+        yield seen
+    finally:
+        Partitioner.make_partitions = make_partitions  # type: ignore[method-assign]
+        ov_backend.compile_fx = compile_fx
+
+
+def _openvino_describe(seen: dict[str, Any]) -> str:
+    ops = seen.get("torch_ops", [])
+    note = f"graphs={seen.get('graphs', 0)} openvino_partitions={seen.get('partitions', 0)}"
+    if ops:
+        shown = ", ".join(sorted(set(ops))[:3])
+        note += f" torch_ops={len(ops)} ({shown}{', ...' if len(set(ops)) > 3 else ''})"
+    if not seen.get("partitions"):
+        note += ": nothing ran on OpenVINO"
+    return note
+
+
+#: OpenVINO's CPU plugin computes in bfloat16 by default on a CPU with bfloat16 units; every
+#: other row computes in float32, so its peer is asked for float32
+OPENVINO_FP32 = {"config": {"INFERENCE_PRECISION_HINT": "f32"}}
+
+#: The providers with rows of their own (a future one, CUDA or TensorRT, is one more entry).
+PROVIDERS: tuple[Provider, ...] = (
+    Provider(
+        key="openvino",
+        label="OpenVINO",
+        chain=("OpenVINOExecutionProvider", "CPUExecutionProvider"),
+        install="pip install onnxruntime-openvino (ORT with the OpenVINO execution provider, in place of onnxruntime; "
+        "python build.py --use_openvino does it)",
+        peer=Peer(
+            name="openvino",
+            module="openvino.torch",
+            backend="openvino",
+            install="pip install openvino (its openvino.torch registers torch.compile(backend='openvino'))",
+            options=OPENVINO_FP32,
+            watch=_openvino_watch,
+            describe=_openvino_describe,
+            why="INFERENCE_PRECISION_HINT=f32",
+        ),
+    ),
+)
+
+
+def _peer_needs(peer: Peer) -> Callable[[], str | None]:
+    def needs() -> str | None:
+        top = peer.module.split(".")[0]
+        return None if importlib.util.find_spec(top) is not None else f"{top} is not installed: {peer.install}"
+
+    return needs
+
+
+def _needing(build: Callable[[Case], Prepared], needs: Callable[[], str | None]) -> Callable[[Case], Prepared]:
+    """``build``, refusing with what to install where ``needs`` says something is missing."""
+
+    def checked(case: Case) -> Prepared:
+        missing_ = needs()
+        if missing_:
+            raise RuntimeError(missing_)
+        return build(case)
+
+    return checked
+
+
+def provider_rows(provider: Provider) -> dict[str, Backend]:
+    """The rows of ``provider``: ``ort-<key>``, ``best-ort-<key>`` and its peer's."""
+    ort_row, best_row = f"ort-{provider.key}", f"best-ort-{provider.key}"
+    peer = provider.peer
+    rows = {
+        ort_row: Backend(
+            ort_row, provider.modes(), _needing(lambda c: _build_ort(c, provider=provider), provider.needs),
+            devices=provider.devices, best=best_row, peer=peer.name if peer else None, needs=provider.needs,
+        ),
+        best_row: Backend(
+            best_row, ("inference",), _needing(lambda c: _build_best_ort(c, provider), provider.needs),
+            devices=provider.devices, needs=provider.needs,
+        ),
+    }
+    if peer is not None:
+        needs = _peer_needs(peer)
+        rows[peer.name] = Backend(
+            peer.name, ("inference",), _needing(lambda c: _build_peer(c, peer), needs),
+            devices=provider.devices, best=best_row, needs=needs,
+        )
+    return rows
+
+
 #: Every backend the suite knows; tests may add their own.
 BACKENDS: dict[str, Backend] = {
     "eager": Backend("eager", MODES, _build_eager),
@@ -369,14 +692,24 @@ BACKENDS: dict[str, Backend] = {
     "ort-fp16": Backend("ort-fp16", ("inference",), lambda c: _build_ort(c, precision="fp16"), reduced=True, devices=("cuda",)),
     "eager-mixed": Backend("eager-mixed", MODES, _mixed(_build_eager), alone="eager", devices=("cpu",)),
     "ort-mixed": Backend("ort-mixed", MODES, _mixed(_build_ort), alone="ort", devices=("cpu",)),
+    **{name: row for provider in PROVIDERS for name, row in provider_rows(provider).items()},
 }
+
+
+def missing(name: str) -> str | None:
+    """What the row ``name`` needs installed that is not (None: it can run here)."""
+    return BACKENDS[name].needs()
 
 
 def default_backends(device: str) -> list[str]:
     """The rows run without ``--backends``: those of :data:`DEFAULT_BACKENDS` measured on
-    ``device``, and on a GPU its reduced precision (``ort-fp16``)."""
+    ``device``, on a GPU its reduced precision (``ort-fp16``), then the rows of each provider
+    of :data:`PROVIDERS` measured on ``device`` whose provider (or peer package) is installed."""
     rows = [b for b in DEFAULT_BACKENDS if device in BACKENDS[b].devices]
-    return rows + (["ort-fp16"] if device == "cuda" else [])
+    rows += ["ort-fp16"] if device == "cuda" else []
+    for provider in PROVIDERS:
+        rows += [name for name, row in provider_rows(provider).items() if device in row.devices and row.needs() is None]
+    return rows
 
 
 # ----------------------------------------------------------------------------- against eager

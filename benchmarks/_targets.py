@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from _report import ratio
-from _rows import Row
+from _rows import PROVIDERS, Row
 
 __all__ = ["TARGETS", "Target", "check_targets", "format_targets"]
 
@@ -57,6 +57,15 @@ TARGETS: tuple[Target, ...] = (
     Target("Compile time beyond dynamo's trace vs Inductor's (transformer train)", "transformer", "train", "ort", "compile_vs_inductor", 0.05),
     Target("Compile time beyond dynamo's trace vs Inductor's (mlp train)", "mlp", "train", "ort", "compile_vs_inductor", 0.05),
     Target("Peak memory, TransformerEncoderLayer inference vs eager", "transformer", "inference", "ort", "peak_vs_eager", 1.20),
+    # each execution provider with rows of its own: ort-lazy on it against the best direct run on it
+    *(
+        Target(
+            f"ort-lazy on {p.label} within 1.10x of the best direct {p.label}-EP run ({m} inference)",
+            m, "inference", f"ort-{p.key}", "vs_best", 1.10,
+        )
+        for p in PROVIDERS
+        for m in ("transformer", "cnn", "bert", "gpt2", "resnet", "vit", "llama")
+    ),
 )
 
 

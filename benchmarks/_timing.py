@@ -21,7 +21,19 @@ from typing import Any
 
 import torch
 from _memory import Rss
-from _rows import BACKENDS, Case, Prepared, Row, check_against_eager, grad_mode
+from _rows import (
+    BACKENDS,
+    PROVIDERS,
+    Case,
+    Prepared,
+    Row,
+    check_against_eager,
+    grad_mode,
+    missing,
+    peer_compile,
+    peer_compiling,
+    provider_rows,
+)
 
 __all__ = ["prime", "run_case", "torch_configured"]
 
@@ -80,26 +92,41 @@ def torch_configured(inductor_cache: bool) -> Iterator[None]:
 
 def prime(backends: Sequence[str], ort_options: dict[str, Any], log: Callable[[str], None]) -> dict[str, float]:
     """Compile a tiny model once per compiling backend so one-time imports are not billed to
-    the first real model's first call."""
+    the first real model's first call (a provider's: its libraries, its peer's import)."""
     times: dict[str, float] = {}
     tiny = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
     x = torch.randn(4, 8)
-    makers: dict[str, Callable[[torch.nn.Module], Any]] = {
-        "inductor": lambda m: torch.compile(m),
-        "dynamo": lambda m: torch.compile(m, backend="eager"),
-        "ort": lambda m: torch.compile(m, backend="ort", options=dict(ort_options)),
+    # name -> (whether it is needed, how to compile, whether a training step is primed too, context)
+    makers: dict[str, tuple[bool, Callable[[torch.nn.Module], Any], bool, Callable[[], Any]]] = {
+        "inductor": ("inductor" in backends, lambda m: torch.compile(m), True, contextlib.nullcontext),
+        "dynamo": ("dynamo" in backends, lambda m: torch.compile(m, backend="eager"), True, contextlib.nullcontext),
+        "ort": (
+            any(b.startswith("ort") or b.startswith("floor") for b in backends),
+            lambda m: torch.compile(m, backend="ort", options=dict(ort_options)), True, contextlib.nullcontext,
+        ),
     }
-    for name, make in makers.items():
-        needed = any(b.startswith("ort") or b.startswith("floor") for b in backends) if name == "ort" else name in backends
+    for provider in PROVIDERS:
+        rows = provider_rows(provider)
+        own = [name for name in rows if provider.peer is None or name != provider.peer.name]
+        if any(name in backends for name in own) and provider.needs() is None:
+            options = {**ort_options, "providers": ",".join(provider.chain)}
+            makers[f"ort-{provider.key}"] = (
+                True, lambda m, o=options: torch.compile(m, backend="ort", options=o), False, contextlib.nullcontext,
+            )
+        peer = provider.peer
+        if peer is not None and peer.name in backends and missing(peer.name) is None:
+            makers[peer.name] = (True, lambda m, p=peer: peer_compile(p, m), False, lambda p=peer: peer_compiling(p))
+    for name, (needed, make, train, context) in makers.items():
         if not needed:
             continue
         start = time.perf_counter()
         try:
             model = copy.deepcopy(tiny)
             compiled = make(model)
-            with torch.no_grad():
+            with torch.no_grad(), context():
                 compiled(x)
-            compiled(x).sum().backward()
+            if train:
+                compiled(x).sum().backward()
         except Exception as e:
             log(f"  priming {name} failed: {_error_text(e)}")
         times[name] = time.perf_counter() - start

@@ -5,7 +5,7 @@ side in one process, in each selected mode, on each selected row; the table, the
 file and a chart follow. This module is the command line; the suite itself is in its neighbours:
 
 * :mod:`_rows`: the rows (eager, dynamo, Inductor, ort-lazy, the floor, the best direct ORT
-  run, ...), how each is built and checked against eager;
+  run, the rows of other execution providers, ...), how each is built and checked against eager;
 * :mod:`_timing`: warm-up, rounds of interleaved timed calls, statistics;
 * :mod:`_memory`: peak memory from the resident set size;
 * :mod:`_report`: ratios between rows, the table, the JSON file and the chart;
@@ -41,12 +41,17 @@ from _rows import (  # noqa: E402
     BACKENDS,
     DEFAULT_BACKENDS,
     MODES,
+    PROVIDERS,
     Backend,
     Case,
+    Peer,
     Prepared,
+    Provider,
     Row,
     default_backends,
     known_models,
+    missing,
+    provider_rows,
 )
 from _targets import TARGETS, Target, check_targets, format_targets  # noqa: E402
 from _timing import prime, run_case, torch_configured  # noqa: E402
@@ -54,7 +59,8 @@ from _timing import prime, run_case, torch_configured  # noqa: E402
 __all__ = [
     "main", "run_suite", "build_parser", "BACKENDS", "DEFAULT_BACKENDS", "MODES", "TARGETS", "Row", "Case", "Prepared",
     "Backend", "Target", "add_ratios", "check_targets", "default_backends", "export_floor", "format_table",
-    "format_targets", "known_models", "least_backend", "run_case", "write_png",
+    "format_targets", "known_models", "least_backend", "missing", "run_case", "write_png", "PROVIDERS", "Peer", "Provider",
+    "provider_rows",
 ]
 
 
@@ -75,7 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--modes", default=",".join(MODES), help="inference, train or both (comma-separated)")
     p.add_argument("--backends", default=None,
                    help=f"comma-separated, from: {', '.join(BACKENDS)} (default: {', '.join(DEFAULT_BACKENDS)}, "
-                   "less the CPU-only rows and with ort-fp16 on --device cuda; --freeze adds the +freeze rows)")
+                   "less the CPU-only rows and with ort-fp16 on --device cuda, then the rows of each execution "
+                   "provider installed (ort-openvino, best-ort-openvino; openvino where the openvino package is); "
+                   "--freeze adds the +freeze rows)")
     p.add_argument("--reps", type=int, default=200, help="timed calls per row (fewer if --max-time runs out)")
     p.add_argument("--warmup", type=int, default=20, help="untimed calls per row after the first call")
     p.add_argument("--rounds", type=int, default=10, help="timed calls are interleaved across rows in this many rounds")
@@ -109,6 +117,10 @@ def run_suite(args: argparse.Namespace, log: Callable[[str], None]) -> tuple[lis
         unknown = [c for c in chosen if c not in known]
         if unknown:
             raise SystemExit(f"unknown {kind}(s) {unknown}; choose from {', '.join(known)}")
+    absent = {b: missing(b) for b in backends}
+    absent = {b: why for b, why in absent.items() if why}
+    if absent:  # a provider's rows where it is not installed: what to install, before anything runs
+        raise SystemExit("; ".join(f"{b} cannot run here: {why}" for b, why in absent.items()))
     threads_before = torch.get_num_threads()
     if args.threads is not None:
         if args.threads < 1:

@@ -7,12 +7,15 @@
 # 1. environment report (GPU, torch, CUDA, onnxruntime and its providers)  -> OUT/env.txt
 # 2. build and install ort-lazy with the bridge against the installed torch -> OUT/build.log
 # 3. the CUDA parity tests: tests/test_cuda.py and the zoo on the GPU      -> OUT/tests.log, tests.xml
-# 4. the benchmark on the GPU (eager, dynamo, Inductor, ort-lazy, its ORT floor, the best
+# 4. the TensorRT tests: tests/test_tensorrt.py (its GPU tests skip, with the reason, where
+#    onnxruntime has no TensorrtExecutionProvider or libnvinfer does not load) -> OUT/tests-trt.log, tests-trt.xml
+# 5. the benchmark on the GPU (eager, dynamo, Inductor, ort-lazy, its ORT floor, the best
 #    direct ORT run), if BENCH_SECONDS > 0                                 -> OUT/bench.log, bench-cuda.json
-# Every step runs even when an earlier one failed; the exit status is the tests'.
-# TESTS_TIMEOUT (seconds, default 1800) bounds step 3; TESTS_WORKERS (default 3) pytest-xdist
+# Every step runs even when an earlier one failed; the exit status is the tests' (steps 3 and 4).
+# TESTS_TIMEOUT (seconds, default 1800) bounds step 3, TRT_TESTS_TIMEOUT (default 1200) step 4
+# (TensorRT builds each engine once: seconds to minutes); TESTS_WORKERS (default 3) pytest-xdist
 # workers share the GPU (a worker that crashes is replaced, the rest still run). BENCH_MODELS,
-# BENCH_BACKENDS and BENCH_MAX_TIME narrow step 4 (bench.py's --models, --backends, --max-time).
+# BENCH_BACKENDS and BENCH_MAX_TIME narrow step 5 (bench.py's --models, --backends, --max-time).
 set -u
 cd "$(dirname "$0")/.."
 out="${1:-gpu-check}"
@@ -21,9 +24,10 @@ mkdir -p "$out"
 py="${PYTHON:-python3}"
 
 # onnxruntime-gpu finds cuBLAS, cuDNN, cuFFT and cuRAND through the loader: add the lib
-# folders of the nvidia-* wheels torch was installed with.
+# folders of the nvidia-* wheels torch was installed with, and TensorRT's (pip install
+# tensorrt-cu12: the tensorrt_libs package).
 purelib="$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-for d in "$purelib"/nvidia/*/lib "$purelib"/nvidia/cu*/lib; do
+for d in "$purelib"/nvidia/*/lib "$purelib"/nvidia/cu*/lib "$purelib"/tensorrt_libs; do
     [ -d "$d" ] && LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
 done
 export LD_LIBRARY_PATH
@@ -51,12 +55,23 @@ else
 fi
 
 "$py" -m ort_lazy.cli info >> "$out/env.txt" 2>&1  # versions, providers, how the kernel list is read
+"$py" -c 'from ort_lazy.runtime.tensorrt import library_problem as p; e = p(); print("tensorrt", "usable" if e is None else "not usable: " + e)' \
+    >> "$out/env.txt" 2>&1
+grep '^tensorrt' "$out/env.txt"
 
 echo "== tests"
 timeout "${TESTS_TIMEOUT:-1800}" "$py" -m pytest -p no:cacheprovider -rA -q -n "${TESTS_WORKERS:-3}" tests/test_cuda.py tests/models/test_zoo.py \
     -k "cuda" --junitxml="$out/tests.xml" > "$out/tests.log" 2>&1
 status=$?
 tail -n 60 "$out/tests.log"
+
+echo "== tensorrt tests"
+timeout "${TRT_TESTS_TIMEOUT:-1200}" "$py" -m pytest -p no:cacheprovider -rA -q -n 1 tests/test_tensorrt.py \
+    --junitxml="$out/tests-trt.xml" > "$out/tests-trt.log" 2>&1
+trt_status=$?
+grep '^SKIPPED' "$out/tests-trt.log" | head -n 3  # the reason, where TensorRT cannot run
+tail -n 30 "$out/tests-trt.log"
+[ "$status" -eq 0 ] && status=$trt_status
 
 if [ "$bench_s" -gt 0 ]; then
     echo "== bench"

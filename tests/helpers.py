@@ -65,6 +65,16 @@ def cuda_ready() -> bool:
     return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
 
 
+def trt_problem() -> str | None:
+    """Why TensorRT cannot run here (no GPU, no CUDA or TensorRT provider in onnxruntime, or
+    TensorRT's libnvinfer does not load), or None."""
+    if not cuda_ready():
+        return "needs a CUDA GPU and onnxruntime-gpu (CUDAExecutionProvider)"
+    from ort_lazy.runtime.tensorrt import library_problem
+
+    return library_problem()
+
+
 def cuda_sessions() -> list[Any]:
     """:func:`take_sessions`, each checked to run on ORT's CUDA provider (none may be missing)."""
     sessions = take_sessions()

@@ -211,7 +211,7 @@ def test_kernel_comparison_runs_both_sides_on_the_same_values(tmp_path: Path, ca
 
 
 def test_zoo_models_are_known(bench: ModuleType) -> None:
-    assert {"bert", "gpt2", "resnet", "efficientnet", "vit", "ffn"} <= set(bench.known_models())
+    assert {"bert", "gpt2", "resnet", "efficientnet", "vit", "ffn", "llama"} <= set(bench.known_models())
 
 
 @pytest.mark.full
@@ -227,7 +227,149 @@ def test_device_only_rows_say_where_they_are_measured(bench: ModuleType, tmp_pat
     assert rows["eager"]["status"] == "ok" and rows["ort"]["status"] == "ok"
     cuda = bench.default_backends("cuda")
     assert "ort-fp16" in cuda and not {"ort-int8", "eager-mixed", "ort-mixed"} & set(cuda) and "best-ort" in cuda
-    assert bench.default_backends("cpu") == list(bench.DEFAULT_BACKENDS)
+    cpu = bench.default_backends("cpu")
+    assert cpu[: len(bench.DEFAULT_BACKENDS)] == list(bench.DEFAULT_BACKENDS)
+    # after them, the rows of the providers installed here, and only those
+    installed = [name for p in bench.PROVIDERS for name in bench.provider_rows(p) if bench.missing(name) is None]
+    assert cpu[len(bench.DEFAULT_BACKENDS):] == installed
+
+
+def _openvino_ep() -> bool:
+    import onnxruntime
+
+    return "OpenVINOExecutionProvider" in onnxruntime.get_available_providers()
+
+
+def _openvino_package() -> bool:
+    return importlib.util.find_spec("openvino") is not None
+
+
+def test_provider_rows_are_built_alike_and_explain_what_is_missing(bench: ModuleType, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every provider gets the same rows from one description (ort-lazy on it, the best direct
+    run on it, its own torch.compile backend); where the provider or the peer's package is not
+    installed they are no default rows, and asking for them stops the run before anything runs
+    with what to install."""
+    absent = bench.Provider(
+        key="nowhere", label="Nowhere", chain=("NowhereExecutionProvider", "CPUExecutionProvider"),
+        install="pip install onnxruntime-nowhere",
+        peer=bench.Peer(name="nowhere", module="no_such_package_for_ort_lazy.torch", backend="nowhere",
+                        install="pip install no-such-package"),
+    )
+    rows = bench.provider_rows(absent)
+    assert list(rows) == ["ort-nowhere", "best-ort-nowhere", "nowhere"]
+    assert rows["ort-nowhere"].best == "best-ort-nowhere" and rows["ort-nowhere"].peer == "nowhere"
+    assert rows["best-ort-nowhere"].best == "best-ort" and rows["nowhere"].best == "best-ort-nowhere"
+    for name, row in rows.items():
+        monkeypatch.setitem(bench.BACKENDS, name, row)
+        assert row.modes == ("inference",) or name == "ort-nowhere", name
+    assert "NowhereExecutionProvider" in bench.missing("ort-nowhere") and "onnxruntime-nowhere" in bench.missing("best-ort-nowhere")
+    assert "pip install no-such-package" in bench.missing("nowhere")
+    with pytest.raises(SystemExit, match="ort-nowhere cannot run here: .*pip install onnxruntime-nowhere"):
+        bench.main(["--models", "seed", "--backends", "eager,ort-nowhere", "--json", "", "--png", ""])
+    with pytest.raises(SystemExit, match="nowhere cannot run here: no_such_package_for_ort_lazy is not installed"):
+        bench.main(["--models", "seed", "--backends", "eager,nowhere", "--json", "", "--png", ""])
+
+    # OpenVINO's rows here: default rows exactly where installed, else explained
+    cpu = bench.default_backends("cpu")
+    for name in ("ort-openvino", "best-ort-openvino"):
+        assert (name in cpu) == _openvino_ep(), name
+        if not _openvino_ep():
+            with pytest.raises(SystemExit, match="OpenVINOExecutionProvider.*pip install onnxruntime-openvino"):
+                bench.main(["--models", "seed", "--backends", name, "--json", "", "--png", ""])
+    assert ("openvino" in cpu) == _openvino_package()
+    if not _openvino_package():
+        with pytest.raises(SystemExit, match="openvino is not installed: pip install openvino"):
+            bench.main(["--models", "seed", "--backends", "openvino", "--json", "", "--png", ""])
+
+
+def test_provider_ratios_and_target(bench: ModuleType) -> None:
+    """``x best`` of a provider's rows is against its own best direct run, that run's against
+    the CPU provider's; ``x peer`` against the provider's own backend; the OpenVINO target reads
+    ort-lazy on OpenVINO over the best direct OpenVINO-EP run."""
+    rows = [
+        bench.Row("transformer", "inference", "eager", median_ms=10.0),
+        bench.Row("transformer", "inference", "ort", median_ms=6.0),
+        bench.Row("transformer", "inference", "best-ort", median_ms=5.0),
+        bench.Row("transformer", "inference", "ort-openvino", median_ms=4.6),
+        bench.Row("transformer", "inference", "best-ort-openvino", median_ms=4.0),
+        bench.Row("transformer", "inference", "openvino", median_ms=8.0),
+    ]
+    bench.add_ratios(rows)
+    by = {r.backend: r for r in rows}
+    assert math.isclose(by["ort"].vs_best, 6.0 / 5.0)
+    assert math.isclose(by["ort-openvino"].vs_best, 4.6 / 4.0)
+    assert math.isclose(by["best-ort-openvino"].vs_best, 4.0 / 5.0)
+    assert math.isclose(by["openvino"].vs_best, 8.0 / 4.0)
+    assert math.isclose(by["ort-openvino"].vs_peer, 4.6 / 8.0) and "0.57x openvino's time" in by["ort-openvino"].note
+    assert by["best-ort"].vs_best is None and by["ort"].vs_peer is None
+    targets = {t["target"]: t for t in bench.check_targets(rows)}
+    mine = targets["ort-lazy on OpenVINO within 1.10x of the best direct OpenVINO-EP run (transformer inference)"]
+    assert math.isclose(mine["value"], 1.15) and mine["limit"] == 1.10 and mine["met"] is False
+
+
+@pytest.mark.skipif(not _openvino_ep(), reason="the installed onnxruntime has no OpenVINOExecutionProvider (pip install onnxruntime-openvino)")
+def test_openvino_rows_run_and_match_eager(bench: ModuleType, tmp_path: Path) -> None:
+    """ort-lazy on OpenVINO and the best direct OpenVINO-EP run: measured, the provider taking
+    the nodes, float32 results equal to eager's, and their ratios; OpenVINO's own
+    ``torch.compile`` backend too where the openvino package is installed (a fully supported
+    MLP: one OpenVINO partition)."""
+    import torch
+
+    peer = _openvino_package()
+    backends = "eager,best-ort,ort-openvino,best-ort-openvino" + (",openvino" if peer else "")
+    inline = torch._dynamo.config.inline_inbuilt_nn_modules
+    json_path = tmp_path / "bench.json"
+    rc = bench.main(["--models", "mlp", "--modes", "inference,train", "--backends", backends, "--quick", "--no-memory",
+                     "--json", str(json_path), "--png", ""])
+    rows = {(r["mode"], r["backend"]): r for r in json.loads(json_path.read_text(encoding="utf-8"))["rows"]}
+    assert rc == 0, {k: r["error"] for k, r in rows.items()}
+    # OpenVINO's reader takes inference graphs only: its rows are inference rows
+    assert {b for mode, b in rows if mode == "train"} == {"eager"}
+    rows = {b: r for (mode, b), r in rows.items() if mode == "inference"}
+    for name in backends.split(",")[1:]:
+        row = rows[name]
+        assert row["status"] == "ok" and row["calls"] >= 5, (name, row["error"])
+        assert row["max_rel_diff"] is not None and row["max_rel_diff"] < 1e-5, (name, row["max_rel_diff"])
+        assert _finite(row["vs_best"]) or name == "best-ort", name
+    for name in ("ort-openvino", "best-ort-openvino"):
+        nodes = rows[name]["extra"]["ep_nodes"]
+        assert nodes.get("OpenVINOExecutionProvider", 0) >= 1, (name, nodes)
+        assert "OpenVINOExecutionProvider" in rows[name]["note"], name
+    ov, best_ov = rows["ort-openvino"], rows["best-ort-openvino"]
+    assert ov["vs_best"] == pytest.approx(ov["median_ms"] / best_ov["median_ms"])
+    assert best_ov["vs_best"] == pytest.approx(best_ov["median_ms"] / rows["best-ort"]["median_ms"])
+    if peer:
+        own = rows["openvino"]
+        assert own["extra"]["peer"]["partitions"] == 1 and not own["extra"]["peer"]["torch_ops"], own["note"]
+        assert ov["vs_peer"] == pytest.approx(ov["median_ms"] / own["median_ms"])
+        # openvino.torch's import turns dynamo's inline_inbuilt_nn_modules off for the process:
+        # the suite keeps that to the peer's own compile
+        assert torch._dynamo.config.inline_inbuilt_nn_modules == inline
+
+
+@pytest.mark.skipif(not _openvino_package(), reason="the openvino package is not installed (pip install openvino)")
+def test_openvino_backend_handing_a_graph_to_inductor_is_an_error(bench: ModuleType, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """OpenVINO's backend gives a graph it fails on to Inductor without a word: the peer row
+    says so as an error (with OpenVINO's own) instead of timing Inductor under its name."""
+    import dataclasses
+
+    import _rows
+
+    monkeypatch.chdir(tmp_path)  # OpenVINO's model cache would go to ./cache
+    peer = next(p.peer for p in bench.PROVIDERS if p.key == "openvino")
+    # an unknown device: OpenVINO's backend fails inside its compile, before any file is written
+    bad = dataclasses.replace(peer, options={"model_caching": True, "device": "NO_SUCH_DEVICE"})
+    monkeypatch.setitem(bench.BACKENDS, "openvino-bad", bench.Backend("openvino-bad", ("inference",), lambda c: _rows._build_peer(c, bad)))
+    rc, rows = _seed_rows(bench, tmp_path, "eager,openvino-bad")
+    assert rc == 1 and rows["eager"]["status"] == "ok"
+    error = rows["openvino-bad"]["error"]
+    assert "handed the graph to Inductor" in error and "NO_SUCH_DEVICE" in error, error
+    from openvino.frontend.pytorch.torchdynamo import backend as ov_backend
+    from openvino.frontend.pytorch.torchdynamo.partition import Partitioner
+
+    assert ov_backend.compile_fx.__name__ == "compile_fx" and Partitioner.make_partitions.__name__ == "make_partitions"
 
 
 @pytest.mark.full

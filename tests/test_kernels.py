@@ -11,7 +11,7 @@ import torch
 from helpers import assert_close, compile_ort
 from ort_lazy import metrics
 from ort_lazy.reasons import Reason
-from ort_lazy.runtime import _ort, kernels
+from ort_lazy.runtime import _ort, flavour, kernels
 
 
 @pytest.fixture
@@ -34,11 +34,13 @@ def _rows(defs):
 def test_builds_with_provider_libraries_are_read_in_a_child_process(monkeypatch):
     """onnxruntime-gpu's get_all_opkernel_def kills the process when a provider library it was
     built with cannot load (TensorRT's libnvinfer missing: the usual GPU install). Builds with
-    provider libraries are read in a child, with the same result as reading in-process."""
+    provider libraries are read in a child (onnxruntime-gpu's, whose providers list their kernels
+    there), with the same result as reading in-process."""
     if _ort.provider_libraries():
         pytest.skip("a build with provider libraries: whether the child can read them depends on which load")
     in_process = _ort.kernel_defs()
     monkeypatch.setattr(_ort, "provider_libraries", lambda: ["libonnxruntime_providers_tensorrt.so"])
+    monkeypatch.setattr(flavour, "flavour", lambda: "onnxruntime-gpu")
     apart = _ort.kernel_defs()
     assert len(apart) > 1000
     assert {"CPUExecutionProvider"} <= {d.provider for d in apart}

@@ -43,6 +43,7 @@ def test_env_sets_every_field():
         "ORT_LAZY_EP_LIBRARIES": "MyExecutionProvider=/opt/lib/libmy_ep.so, onnxruntime_ep_openvino",
         "ORT_LAZY_EP_DEVICE": "NPU",
         "ORT_LAZY_EP_POLICY": "prefer-gpu",
+        "ORT_LAZY_TRT_PROFILE_SCALE": "4",
     }
     o = Options.from_env(env)
     assert o.ep_libraries == {"MyExecutionProvider": "/opt/lib/libmy_ep.so", "": "onnxruntime_ep_openvino"}
@@ -55,7 +56,7 @@ def test_env_sets_every_field():
     assert o.freeze_weights is True and o.dynamic is False and o.autotune is True
     assert o.cache_size == 5 and o.run_type == "debug" and o.rtol == 0.01 and o.atol == 0.0
     assert o.allow_spinning is False and o.dump_dir == "/tmp/d" and o.cache_dir == "/tmp/c"
-    assert o.park_torch_threads is False and o.fast_math is True
+    assert o.park_torch_threads is False and o.fast_math is True and o.trt_profile_scale == 4.0
     assert o.torch_preferred_ops == frozenset() and Options().torch_preferred_ops == TORCH_PREFERRED_OPS
     fields = {f.upper() for f in Options.__dataclass_fields__}
     assert {k[len("ORT_LAZY_"):] for k in env} == fields  # every field has a variable

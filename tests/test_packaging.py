@@ -521,3 +521,22 @@ def test_github_workflow_is_the_ci_copy():
     """GitHub runs workflows only from .github/workflows: it must be the ci/ matrix, unchanged."""
     root = Path(__file__).resolve().parents[1]
     assert (root / ".github/workflows/build.yml").read_text() == (root / "ci/workflows/build.yml").read_text()
+
+
+def test_ci_runs_exactly_the_readmes_test_commands() -> None:
+    """``.ci/run`` calls the README's test commands, each as written there, and nothing that is
+    not in the README: a step CI takes must be one a user can read and repeat."""
+    ROOT = Path(__file__).resolve().parent.parent
+    script = [
+        line.strip()
+        for line in (ROOT / ".ci" / "run").read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#") and line.strip() not in ("set -euo pipefail",)
+        and not line.strip().startswith("cd ")
+    ]
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", readme, re.S)
+    commands = {line.strip() for block in blocks for line in block.splitlines() if line.strip()}
+    steps = script
+    assert steps and all(step in commands for step in steps), [s for s in steps if s not in commands]
+    assert any("--test" in s and "--use_openvino" not in s for s in steps)
+    assert any("--use_openvino" in s and "--test" in s for s in steps)

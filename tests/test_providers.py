@@ -92,7 +92,8 @@ def test_region_form_per_provider_list() -> None:
     assert not ov.own and not ov.contrib_ops and not ov.fused_attention
     assert ov.inline_functions and ov.typed_values and ov.host_outputs and ov.max_opset == 22
     trt = eps.region_form(("TensorrtExecutionProvider", "CUDAExecutionProvider", CPU))
-    assert not trt.own and trt.contrib_ops and trt.typed_values and not trt.host_outputs
+    # TensorRT's parser reads no contrib op: one would split its engine (the CUDA provider runs it)
+    assert not trt.own and not trt.contrib_ops and trt.typed_values and not trt.host_outputs
     assert eps.region_form(("CoreMLExecutionProvider", CPU)).static_shapes
     unknown = eps.region_form(("SomeNewExecutionProvider", CPU))  # the strictest form
     assert not unknown.own and not unknown.contrib_ops and unknown.typed_values
@@ -357,3 +358,58 @@ def test_kernel_list_of_an_unknown_flavour_is_not_read_in_a_child(monkeypatch: p
     monkeypatch.setattr(subprocess, "run", no_child)
     with pytest.raises(_ort.KernelDefsUnavailableError, match="onnxruntime-openvino"):
         _ort.kernel_defs()
+
+
+@pytest.fixture
+def coreml_listed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CoreML (a provider that compiles for fixed shapes) listed as installed; ORT, which does
+    not have it, runs the regions on its CPU provider."""
+    import onnxruntime
+
+    real = onnxruntime.get_available_providers
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CoreMLExecutionProvider", *real()])
+
+
+def test_fixed_shape_providers_get_one_model_per_shape(coreml_listed: None) -> None:
+    """A provider that compiles for fixed shapes gets models without symbolic dims, one per input
+    shape, without the user asking (``dynamic`` turned off: a region dynamo made symbolic runs
+    the model of each shape it is called with); every call gives eager's values."""
+    opts = resolve_options({"providers": "coreml,cpu"})
+    assert opts.dynamic is False
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    compiled = torch.compile(model, backend="ort", options={"providers": "coreml,cpu"})
+    with captured_exports() as models:
+        for batch in (2, 3, 5, 3):
+            x = torch.randn(batch, 8)
+            assert_close(compiled(x), model(x))
+    assert metrics.counters()["ort_runs"] >= 4
+    shapes = set()
+    for m in models:  # a region made from dynamo's symbolic graph runs a model per shape
+        proto = onnx.load_from_string(m.model_bytes)
+        dims = [d for i in proto.graph.input for d in i.type.tensor_type.shape.dim]
+        if all(d.HasField("dim_value") for d in dims):
+            shapes |= {tuple(d.dim_value for d in i.type.tensor_type.shape.dim) for i in proto.graph.input}
+    assert {(2, 8), (3, 8), (5, 8)} <= shapes, shapes
+
+
+def test_a_region_a_provider_refuses_says_why_in_explain(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A session a provider refuses: the region runs in PyTorch (eager's values), and ``explain``
+    gives the provider's own words for it."""
+    from ort_lazy.runtime import session as session_mod
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise session_mod.OrtRunError(
+            "ORT session creation failed for r: [ONNXRuntimeError] : 1 : FAIL : ... | "
+            "While validating ONNX node '<Node(Conv)>': The input data tensor's rank has to be known (static)"
+        )
+
+    monkeypatch.setattr(session_mod, "create_session", refuse)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU())
+    x = torch.randn(2, 4)
+    report = explain(model, x)
+    text = str(report)
+    assert "PyTorch (failed on ORT)" in text and "rank has to be known (static)" in text, text
+    steps = [s for g in report.as_dict()["graphs"] for s in g["steps"] if s.get("error")]
+    assert steps and "rank has to be known" in steps[0]["error"]
+    assert_close(torch.compile(model, backend="ort")(x), model(x))

@@ -55,6 +55,7 @@ _COUNTER_NAMES = (
     "disk_cache_misses",
     "disk_cache_rejected",
     "stream_handoffs",
+    "trt_profile_rebuilds",
     "check_fallbacks",
     "exact_form_switches",
     "fused_attention",

@@ -94,7 +94,7 @@ TORCH_PREFERRED_OPS = frozenset(
 )
 
 #: Run types: ``ort`` runs supported regions on ORT; ``pytorch`` captures as usual but runs
-#: every region in PyTorch; ``debug`` runs both and compares.
+#: every region in PyTorch; ``debug`` runs both, compares and times them.
 RUN_TYPES = ("ort", "pytorch", "debug")
 
 #: Execution providers ort-lazy knows how to feed (``ort_lazy.runtime.providers.TRAITS`` says
@@ -148,6 +148,9 @@ DEVICE_TYPES = ("cpu", "gpu", "npu")
 EP_POLICIES = ("default", "prefer_cpu", "prefer_gpu", "prefer_npu", "max_performance", "max_efficiency", "min_overall_power")
 
 
+_TENSORRT = "TensorrtExecutionProvider"
+
+
 def canonical_provider(name: str) -> str:
     """ORT's name for a provider written as a short name (``openvino``) or as ORT's own."""
     text = str(name).strip()
@@ -167,9 +170,12 @@ class Options:
             device of the inputs: CUDA (then CPU) for CUDA tensors, CPU otherwise.
             Short names are accepted (``"openvino"``, ``"tensorrt,cuda,cpu"``:
             :data:`PROVIDER_ALIASES`); the region's ONNX model is written in the form every
-            provider of the list reads (``ort_lazy.runtime.providers.region_form``).
+            provider of the list reads (``ort_lazy.runtime.providers.region_form``). TensorRT
+            alone (``"tensorrt"``) becomes TensorRT, CUDA, CPU: ORT runs what TensorRT refuses
+            on the providers after it.
         provider_options: per-provider option dicts, keyed by ORT's name or a short name, e.g.
-            ``{"cuda": {"device_id": "0"}}``, ``{"openvino": {"device_type": "GPU"}}``.
+            ``{"cuda": {"device_id": "0"}}``, ``{"openvino": {"device_type": "GPU"}}``. In the
+            environment: a JSON object.
         ep_libraries: plugin execution providers (ORT 1.23+) to register: registration name ->
             library path or an installed package that ships one (``get_library_path()``), e.g.
             ``{"OpenVINOExecutionProvider": "onnxruntime_ep_openvino"}``; a plain string names
@@ -183,14 +189,25 @@ class Options:
             are given.
         session_options: ORT ``SessionOptions`` attributes (``intra_op_num_threads``,
             ``graph_optimization_level`` ...) or session config entries (keys with a dot,
-            e.g. ``session.intra_op.allow_spinning``).
+            e.g. ``session.intra_op.allow_spinning``). They win over ort-lazy's defaults:
+            intra-op threads follow ``torch.get_num_threads()`` (one thread for small regions),
+            ORT's memory pattern off. In the environment: a JSON object.
         min_block_size: smallest number of compute ops a region needs to run on ORT;
             smaller regions stay in PyTorch.
         torch_executed_ops: aten ops forced to stay in PyTorch (``"aten.relu"``,
-            ``"aten.relu.default"`` or ``"aten::relu"``).
+            ``"aten.relu.default"`` or ``"aten::relu"``). In the environment: names separated by
+            commas (``aten.relu,aten::gelu``).
         torch_preferred_ops: aten ops kept in PyTorch because its kernel beats ORT's form of
             them (:data:`TORCH_PREFERRED_OPS`: gradient ops ORT's inference builds have no
             kernel for, which ORT runs as decompositions); ``()`` (``"none"``) runs them on ORT too.
+            Graphs that only update state in place (an optimizer's step) run as dynamo captured
+            them, with PyTorch's in-place kernels, unless this is empty. Measured on 2 CPU cores:
+            ResNet-18 training 1.44x eager with the gradients on ORT, 1.11-1.21x with them in
+            PyTorch; max pooling that returns its indices (training) takes 1.9-2.4x PyTorch's
+            time on ORT's generic kernel and the 2-d pooling's gradient 1.4-3x as ORT's scatter;
+            convolutions of at least 4 MFLOP whose weight ORT would get as a graph input on the
+            CPU (training, or ``prepack_weights=False``) run slower than PyTorch's oneDNN
+            kernel, while prepacked, frozen, smaller and GPU convolutions stay on ORT.
         freeze_weights: inference only: bake parameters into the ONNX model as initializers
             (lets ORT prepack weights; the model snapshots them at compile time and never
             follows later changes).
@@ -199,23 +216,36 @@ class Options:
             parameter changed in place or replaced is noticed at the next call and the session
             rebuilt: results never use stale weights. On a GPU they are copied into the model
             instead (up to 1 GiB; ORT keeps a device copy). Every module instance that dynamo
-            serves with one graph gets sessions bound to its own weights. ``False`` passes them
-            as graph inputs.
+            serves with one graph (a class's instances, layers compiled one by one) gets
+            sessions bound to its own weights, 8 at most, then their weights as inputs. Tensors
+            made under ``torch.inference_mode()`` track no version counter and stay graph
+            inputs. ``False`` passes them as graph inputs.
         precision: inference graphs' numeric precision (:data:`PRECISIONS`); ``int8-dynamic``
-            quantizes weight matrix products, ``fp16`` computes in float16 where the provider
-            has float16 kernels for the matrix products (GPUs; ORT's CPU provider has none:
-            float32 there, with a warning). Both approximate; the model is rebuilt when a
-            parameter changes. Training graphs keep their dtypes (with one warning).
+            quantizes weight matrix products (ORT's dynamic quantization), ``fp16`` computes the
+            inference regions that hold the model's weights in float16 between float32 edges
+            where the provider has float16 kernels for the matrix products (ORT's CUDA
+            provider; ORT's CPU provider has none: float32 there, with a warning): exponentials,
+            logarithms, powers and sums stay in float32, constants are clipped to float16's
+            range. Both approximate (``explain`` shows the error against eager; see the
+            performance guide for figures); the model is rebuilt when a parameter changes.
+            Training graphs keep their dtypes (with one warning). With TensorRT, ``fp16`` also
+            lets TensorRT build float16 engines; ``int8-dynamic`` is refused (TensorRT's int8
+            needs calibration).
         fast_math: trade eager's exact results in two corners for speed, as a compiler's
             fast-math mode does (off by default; every graph, inference and training): ORT's
             own approximate logistic on the CPU (``sigmoid``, ``silu`` as ORT's fused
             ``QuickGelu``: within about 1e-7 absolute, but 0 below -18 where eager's value is
             tiny but positive) instead of ort-lazy's exact four-pass form, and max pooling
-            without eager's NaN rule (a window holding a NaN may give a number), which lets
-            ORT keep blocked-layout convolutions fused across the pooling. Measured on 2 CPU
-            cores: EfficientNet-B0 inference 1.5x faster, ResNet-18 and a Llama decoder 3-4%.
+            without eager's NaN rule (a window holding a NaN may give a number; dynamo / FX
+            graphs), which on a GPU lets ORT keep blocked-layout convolutions fused across the
+            pooling and on the CPU drops the NaN check (one pass over the pooling's input).
+            ``explain`` shows the error against eager. Measured on 2 CPU cores: EfficientNet-B0
+            inference 1.5x faster, ResNet-18 and a Llama decoder 3-4%.
         dynamic: ``True`` exports symbolic dims where the graph has them, ``False`` forces
             one model per concrete input shape.
+        trt_profile_scale: TensorRT's shape profiles (``ort_lazy.runtime.tensorrt``): each
+            symbolic dim reaches this multiple of the size the profile is built for (min 1, opt
+            that size); a call past it gets a session with a wider profile. At least 1.
         cache_size: maximum number of ORT sessions kept (LRU).
         run_type: ``ort``, ``pytorch`` or ``debug`` (see :data:`RUN_TYPES`).
         rtol: relative tolerance used by the ``debug`` run type.
@@ -254,6 +284,7 @@ class Options:
     precision: str = "fp32"
     fast_math: bool = False
     dynamic: bool = True
+    trt_profile_scale: float = 2.0
     cache_size: int = 64
     run_type: str = "ort"
     rtol: float = 1e-3
@@ -299,6 +330,17 @@ class Options:
         if precision not in PRECISIONS:
             raise OptionsError(f"precision: unknown value {self.precision!r}; accepted: {', '.join(PRECISIONS)}")
         _set(self, "precision", precision)
+        _set(self, "trt_profile_scale", _parse_scale(self.trt_profile_scale, "trt_profile_scale"))
+        if self.providers == (_TENSORRT,) and not (self.ep_libraries or self.ep_device or self.ep_policy):
+            # ORT gives what TensorRT's parser refuses to the providers after it
+            _set(self, "providers", (_TENSORRT, "CUDAExecutionProvider", "CPUExecutionProvider"))
+        if precision == "int8-dynamic" and self.providers and _TENSORRT in self.providers:
+            raise OptionsError(
+                "precision: 'int8-dynamic' is ORT's dynamic quantization, whose int8 ops TensorRT does not run; "
+                "TensorRT's own int8 needs a calibration table or a QDQ model (provider_options={'tensorrt': "
+                "{'trt_int8_enable': 1, 'trt_int8_calibration_table_name': ...}}); with TensorRT use precision "
+                "'fp16' or 'fp32'"
+            )
         run_type = str(self.run_type).strip().lower()
         if run_type not in RUN_TYPES:
             raise OptionsError(
@@ -396,6 +438,16 @@ def _parse_int(value: Any, name: str, minimum: int) -> int:
         raise OptionsError(f"{name}: expected an integer >= {minimum}, got {value!r}") from None
     if isinstance(result, bool) or result < minimum:
         raise OptionsError(f"{name}: expected an integer >= {minimum}, got {value!r}")
+    return result
+
+
+def _parse_scale(value: Any, name: str) -> float:
+    try:
+        result = float(value)
+    except (TypeError, ValueError):
+        raise OptionsError(f"{name}: expected a number >= 1, got {value!r}") from None
+    if not (1.0 <= result < float("inf")):
+        raise OptionsError(f"{name}: expected a finite number >= 1, got {value!r}")
     return result
 
 

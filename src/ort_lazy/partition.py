@@ -223,8 +223,9 @@ def _make_region(
     constants: dict[int, torch.Tensor],
     weights: str,
     training: bool = False,
-) -> OrtRegion | None:
-    """Export ``sub`` and open its ORT session; None (counted, warned once) when either fails.
+) -> tuple[OrtRegion | None, str | None]:
+    """Export ``sub`` and open its ORT session: the region, or None (counted, warned once) and
+    the error (an execution provider's own words included) when either fails.
     ``training``: a region of a training graph (forward or backward)."""
     ops = compute_ops(sub)
     shared = weights == "shared"
@@ -232,21 +233,22 @@ def _make_region(
         model = cached_export(sub, name, options, constants, shared=shared)
     except Exception as e:  # any export fault falls back: never crash the user's model
         report_fallback(name, ops, "export_failures", Reason.EXPORT_FAILED, e, "export failed for")
-        return None
+        return None, f"export failed: {e}"
     dump(options, name, sub, model)
     try:
         runner = open_runner(model, options, graph_device(sub), spinning=spinning, weights=constants, training=training)
     except Exception as e:  # session creation faults (bad model, missing kernel, provider) fall back
         report_fallback(name, ops, "ort_failures", Reason.ORT_FAILED, e, "ORT cannot run")
-        return None
+        return None, f"ORT cannot run it: {e}"
     metrics.increment("regions_on_ort")
 
     def export(graph: torch.fx.GraphModule, export_name: str, checked: bool = True) -> Any:
         return export_for(graph, export_name, options, constants or None, shared, graph_device(sub), checked)
 
-    return OrtRegion(
+    region = OrtRegion(
         name, sub, runner, options, _tuple_output(sub), constants=constants, weights=weights, export=export, training=training
     )
+    return region, None
 
 
 def training_options(options: Options, device: torch.device) -> Options:
@@ -352,7 +354,9 @@ def compile_graph(
             for j, a in enumerate(node.args)
             if isinstance(a, torch.fx.Node) and a.op == "placeholder" and a.name in frozen
         }
-        region = _make_region(f"{tag}_{name}", sub, options, spinning, sub_constants, weights, tag.startswith(("forward", "backward")))
+        region, error = _make_region(
+            f"{tag}_{name}", sub, options, spinning, sub_constants, weights, tag.startswith(("forward", "backward"))
+        )
         if region is not None and sub_constants:
             node.args = tuple(a for j, a in enumerate(node.args) if j not in sub_constants)
         ops = compute_ops(sub)
@@ -360,6 +364,8 @@ def compile_graph(
         placed = region.runner.ep_nodes if region is not None and region.runner is not None else None
         if placed:
             entry["ep_nodes"] = dict(placed)
+        if error:
+            entry["error"] = error[:600]
         record.regions.append(entry)
         if region is not None:
             region.report = entry

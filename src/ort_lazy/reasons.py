@@ -45,11 +45,14 @@ SUGGESTIONS = {
     Reason.UNSUPPORTED_DTYPE: "ONNX cannot carry this dtype; cast to a supported one",
     Reason.UNSUPPORTED_DEVICE: "move the tensors to a device ORT has an execution provider for (CPU, CUDA)",
     Reason.SMALL_REGION: "lower min_block_size / ORT_LAZY_MIN_BLOCK_SIZE",
+    Reason.SYMBOLIC: "nothing to do: arithmetic on sizes is Python work, not tensor compute",
     Reason.MUTATION: "nothing to do: in-place updates of graph inputs (e.g. BatchNorm running stats) stay in PyTorch",
     Reason.AUTOTUNE: "nothing to do: PyTorch measured faster for this region",
     Reason.EMPTY: "nothing to do: an op on empty tensors has nothing for ORT to compute",
     Reason.RETURNED_VIEW: "nothing to do: a view costs nothing in PyTorch, and AOTAutograd rebuilds such an "
     "output from the view itself",
+    Reason.VIEW_OUTSIDE: "nothing to do: the view costs nothing in PyTorch, and ORT would have copied the "
+    "value whole (partition.VIEW_OUTSIDE_BYTES)",
     Reason.HIGHER_ORDER: "nothing to do: the graphs it calls run their regions on ORT where PyTorch calls them "
     "on plain tensors (cond, while_loop, map, scan, nested compile regions)",
     Reason.UNFUSABLE: "nothing to do on the TorchScript / LazyTensor front doors; torch.compile(backend='ort') "

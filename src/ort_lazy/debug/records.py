@@ -288,7 +288,10 @@ class ExplainReport:
 def _step_dict(step: dict[str, Any]) -> dict[str, Any]:
     if "pytorch" in step:
         return {"where": "pytorch", "ops": [{"op": op, "reason": r} for op, r in step["pytorch"] if is_compute(op)]}
-    return {"where": "ort" if step.get("on_ort") else "pytorch", "region": step.get("name")}
+    out = {"where": "ort" if step.get("on_ort") else "pytorch", "region": step.get("name")}
+    if step.get("error"):
+        out["error"] = step["error"]
+    return out
 
 
 def _graph_lines(index: int, g: GraphRecord) -> list[str]:
@@ -310,9 +313,11 @@ def _graph_lines(index: int, g: GraphRecord) -> list[str]:
             continue
         n += 1
         region_ops = [op for op in step["ops"] if is_compute(op)]
-        where = "ORT    " if step["on_ort"] else "PyTorch (failed on ORT)"
-        tune = step.get("autotune")
         extra = ""
+        where = "ORT    " if step["on_ort"] else "PyTorch (failed on ORT)"
+        if not step["on_ort"] and step.get("error"):
+            extra = f"\n         why: {step['error']}"
+        tune = step.get("autotune")
         if tune:
             where = "ORT    " if tune["chosen"] == "ort" else "PyTorch (autotune)"
             extra = f"; autotune: ORT {tune['ort_ms']:.3f} ms vs PyTorch {tune['pytorch_ms']:.3f} ms"

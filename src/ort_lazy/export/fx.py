@@ -16,6 +16,7 @@ import torch.fx
 from .. import _compat, metrics
 from ..runtime.providers import RegionForm, region_form
 from ..runtime.quirks import EXACT_SIGMOID_FACT, MATMUL_TRANSPOSES_FACT, exact_sigmoid, fuse_matmul_transposes
+from ..runtime.tensorrt import FLOAT16_FACT
 from ..specs import TORCH_TO_ONNX, OrtModel, TensorSpec
 from . import attention
 from .activations import contrib_ops
@@ -534,10 +535,12 @@ def export_graph(
         if fused:
             metrics.increment("fused_attention", fused)
         external: dict[str, int] = {}
+        narrowed = 0
         if constants:
             external = _bake_constants(model, constants, shared)
             if precision == "fp16" and not shared:
-                if not narrow_to_float16(model, providers or _CPU) and float32_products(model):
+                narrowed = narrow_to_float16(model, providers or _CPU)
+                if not narrowed and float32_products(model):
                     metrics.warn_once(
                         "fp16_unavailable",
                         "ort-lazy: precision='fp16': no float16 kernel for the matrix products of %s on %s; "
@@ -572,6 +575,8 @@ def export_graph(
     _check_inferred_types(proto, out_specs, name, values)
     model_bytes = proto.SerializeToString()
     facts: dict[str, Any] = {}
+    if narrowed:
+        facts[FLOAT16_FACT] = True  # TensorRT may build float16 engines of it
     if (providers or _CPU)[0] == _CPU[0]:
         # ORT's CPU Sigmoid is an approximation, its transposed products slow: rewritten once
         # here, not at each session (nor in a warm process, which would have to parse the model)

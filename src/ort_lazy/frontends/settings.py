@@ -8,9 +8,11 @@ the CUDA one, not a graph whose every op falls back).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
+from .. import metrics
 from ..options import Options, OptionsError
 from ..runtime import providers as eps
 from ..runtime.flavour import onnxruntime, provider_problem
@@ -60,6 +62,16 @@ def _with_installed_providers(opts: Options) -> Options:
         opts = opts.replace(providers=(*listed, eps.CPU))
     if opts.providers is None:
         return opts
+    if opts.dynamic and eps.region_form(opts.providers).static_shapes:
+        # regions get one model per input shape (the region's per-shape models)
+        static = [p for p in opts.providers if eps.traits_of(p).static_shapes]
+        metrics.warn_once(
+            f"static-shapes:{opts.providers}",
+            "ort-lazy: %s compile(s) for fixed shapes: each input shape gets its own model",
+            ", ".join(static),
+            level=logging.INFO,
+        )
+        opts = opts.replace(dynamic=False)
     if eps.uses_device_api(opts):
         problem = eps.device_problem(opts, opts.providers)
     else:

@@ -32,7 +32,7 @@ from typing import Any
 
 from .. import metrics
 
-__all__ = ["DiskCache", "disk_cache", "cache_key", "versions"]
+__all__ = ["DiskCache", "disk_cache", "cache_key", "versions", "CacheDirError", "make_private_dir"]
 
 logger = logging.getLogger("ort_lazy")
 _FORMAT = 5  # raised whenever translations change under one version: old entries are not reused
@@ -63,6 +63,18 @@ def cache_key(*parts: Any) -> str:
 
 class CacheDirError(RuntimeError):
     """The cache directory is not safe to use."""
+
+
+def make_private_dir(root: str | os.PathLike[str]) -> Path:
+    """``root`` made (0700; missing parents too) if missing, and checked as the compile cache's folder
+    is: a directory of this user's that others cannot write to. Returns it.
+
+    Raises:
+        CacheDirError: it cannot be made, is not a directory, or is not safe to use.
+    """
+    path = Path(root).expanduser()
+    DiskCache._make_private_dir(path)
+    return path
 
 
 class DiskCache:

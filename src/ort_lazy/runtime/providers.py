@@ -6,7 +6,7 @@ read. ORT's own kernel providers (CPU, CUDA, ROCm) run ORT's kernels: local func
 ``com.microsoft`` contrib ops and ONNX's newest opsets are fine. The others (OpenVINO,
 TensorRT, DirectML, CoreML, QNN, ...) hand the nodes to another compiler through its own ONNX
 reader, which needs every value typed (element type and rank), reads no local functions, knows
-only standard ops (TensorRT and DirectML also some contrib ops) and stops at some opset; a few
+only standard ops (DirectML also some contrib ops) and stops at some opset; a few
 (NNAPI, QNN, CoreML, VitisAI, RKNPU) compile for fixed shapes only. :func:`region_form` turns a
 provider list into the form a region's ONNX model is written in (:class:`RegionForm`), so each
 provider gets a model its reader takes; the CPU provider's models are unchanged by it.
@@ -81,9 +81,11 @@ TRAITS: dict[str, ProviderTraits] = {
     "CPUExecutionProvider": ProviderTraits(ort_kernels=True, contrib_ops=True),
     "CUDAExecutionProvider": ProviderTraits(ort_kernels=True, contrib_ops=True, device_memory=True),
     "ROCMExecutionProvider": ProviderTraits(ort_kernels=True, contrib_ops=True, device_memory=True),
-    # its parser (onnx-tensorrt) reads standard ops; ORT gives the contrib ops it leaves to the
-    # CUDA provider of the same session
-    "TensorrtExecutionProvider": ProviderTraits(contrib_ops=True, device_memory=True),
+    # its parser (onnx-tensorrt) reads standard ops only: a com.microsoft op (FastGelu) would go
+    # to the CUDA provider and cut TensorRT's engine in two, where the standard form stays in
+    # it; ORT's CUDA provider after it runs whatever the parser refuses, so no opset bound (and
+    # dynamic shapes, with profiles: runtime/tensorrt.py)
+    "TensorrtExecutionProvider": ProviderTraits(device_memory=True),
     "MIGraphXExecutionProvider": ProviderTraits(device_memory=True),
     "DmlExecutionProvider": ProviderTraits(contrib_ops=True),
     # OpenVINO 2025's ONNX frontend: opsets up to 22 (ONNX's Attention, opset 23, is refused)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import logging
 import threading
 import time
 import weakref
@@ -22,7 +23,7 @@ from .. import metrics
 from ..debug.nvtx import nvtx_range
 from ..options import Options, OptionsError, apply_session_options
 from ..specs import OrtModel, TensorSpec
-from . import _ort
+from . import _ort, tensorrt
 from . import providers as eps
 from .flavour import max_ir_version, onnxruntime
 from .quirks import (
@@ -45,6 +46,8 @@ __all__ = [
     "NUMPY_TYPES",
     "ORT_DEVICES",
 ]
+
+logger = logging.getLogger("ort_lazy")
 
 #: Device types ORT execution providers read tensors from; tensors anywhere else (meta, mps,
 #: xpu, privateuse ...) are never bound.
@@ -198,24 +201,42 @@ def _session_options(options: Options, spinning: bool, threads: int) -> Any:
     return so
 
 
-def provider_options_for(provider: str, options: Options, device: torch.device) -> dict[str, str]:
-    """ORT provider options for ``provider`` on ``device``.
+def provider_options_for(
+    provider: str,
+    options: Options,
+    device: torch.device,
+    model: OrtModel | None = None,
+    profile: tensorrt.Profile | None = None,
+) -> dict[str, str]:
+    """ORT provider options for ``provider`` on ``device``; the user's ``provider_options``
+    always win.
 
-    For CUDA, the session runs on the device's index and on torch's current stream
-    (``user_compute_stream``), so ORT work is ordered with PyTorch work on that stream, and
-    float32 products use TF32 exactly when torch's do (``use_tf32`` follows
+    For CUDA and TensorRT, the session runs on the device's index and on torch's current
+    stream (``user_compute_stream``), so ORT work is ordered with PyTorch work on that stream.
+    CUDA's float32 products use TF32 exactly when torch's do (``use_tf32`` follows
     ``torch.backends.cuda.matmul.allow_tf32``, i.e. ``torch.set_float32_matmul_precision``;
     ORT's own default is TF32 on, which would make compiled results less precise than eager's).
+    TensorRT gets its engine cache, float16 and the shape ``profile`` of
+    :func:`ort_lazy.runtime.tensorrt.complete` (``model``: the model the session is for).
     """
     opts = {k: str(v) for k, v in options.provider_options.get(provider, {}).items()}
-    if provider in ("CUDAExecutionProvider", "TensorrtExecutionProvider") and device.type == "cuda":
+    if provider in ("CUDAExecutionProvider", tensorrt.TRT) and device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         opts.setdefault("device_id", str(index))
+        stream = ort_stream_handle(torch.cuda.current_stream(index).cuda_stream)
+        opts.setdefault("has_user_compute_stream", "1")
+        opts.setdefault("user_compute_stream", str(stream))
         if provider == "CUDAExecutionProvider":
-            stream = ort_stream_handle(torch.cuda.current_stream(index).cuda_stream)
-            opts.setdefault("has_user_compute_stream", "1")
-            opts.setdefault("user_compute_stream", str(stream))
             opts.setdefault("use_tf32", "1" if cuda_tf32() else "0")
+    if provider == tensorrt.TRT:
+        opts = tensorrt.complete(opts, options, model, profile)
+        if device.type == "cuda" and tensorrt.is_off(opts.get("trt_fp16_enable", "0")) and not cuda_tf32():
+            metrics.warn_once(
+                "trt-tf32",
+                "ort-lazy: TensorRT computes float32 products in TF32 where the GPU has it (its default; ORT's "
+                "TensorRT provider has no option to turn it off), while torch's do not: results are about 1e-3 "
+                "(relative) from eager's; the CUDA provider follows torch's setting",
+            )
     return opts
 
 
@@ -259,13 +280,19 @@ def create_session(
     spinning: bool,
     threads: int | None = None,
     initializers: dict[str, torch.Tensor] | None = None,
+    profile: tensorrt.Profile | None = None,
 ) -> tuple[Any, tuple[str, ...], dict[str, int] | None]:
     """Create an ORT session for ``model`` (not cached). Raises :class:`OrtRunError`.
 
     ``threads``: ORT intra-op threads; None follows PyTorch's count (``torch.set_num_threads``).
     ``initializers``: the tensors behind the model's external initializers
-    (:attr:`OrtModel.external`), given to ORT without a copy. Returns the session, its
-    providers and how many of the model's nodes each provider took (None where ORT cannot say).
+    (:attr:`OrtModel.external`), given to ORT without a copy. ``profile``: TensorRT's shape
+    profile (:mod:`ort_lazy.runtime.tensorrt`). Returns the session, the providers it has and
+    how many of the model's nodes each provider took (None where ORT cannot say).
+
+    Where TensorRT cannot load, ORT's Python API falls back to CUDA and CPU with none of the
+    provider options (no stream: its work would not be ordered with torch's); that session is
+    dropped, TensorRT marked unusable in this process, and the session made again without it.
     """
     if threads is None:
         threads = torch.get_num_threads()
@@ -273,6 +300,7 @@ def create_session(
     providers = options.resolve_providers(device)
     device_api = eps.uses_device_api(options)
     if not device_api:
+        providers = tensorrt.usable_providers(providers)
         available = set(ort.get_available_providers())
         missing = [p for p in providers if p not in available]
         if missing:
@@ -280,7 +308,7 @@ def create_session(
                 f"execution provider(s) {missing} not available in the installed "
                 f"onnxruntime (available: {sorted(available)})"
             )
-    provider_opts = [provider_options_for(p, options, device) for p in providers]
+    provider_opts = [provider_options_for(p, options, device, model, profile) for p in providers]
     start = time.perf_counter()
     try:
         with nvtx_range(f"ort_lazy.session:{model.name}", options.nvtx):
@@ -318,12 +346,20 @@ def create_session(
         raise OrtRunError(str(e)) from None
     except Exception as e:
         raise OrtRunError(f"ORT session creation failed for {model.name}: {_provider_error(e)}") from e
+    made = tuple(sess.get_providers())
+    if not device_api and tensorrt.TRT in providers and tensorrt.TRT not in made:
+        del sess
+        reason = tensorrt.library_problem() or f"onnxruntime made the session with {', '.join(made)}"
+        tensorrt.mark_unusable(reason)
+        if tensorrt.usable_providers(providers) == tuple(providers):  # nothing else to run on
+            raise OrtRunError(f"TensorRT cannot run here: {reason}")
+        return create_session(model, options, device, spinning, threads, initializers, profile)
     metrics.record_time("session_create", time.perf_counter() - start)
     metrics.increment("sessions_created")
     nodes = eps.ep_nodes(sess)
     if nodes:
         metrics.record_ep_nodes(nodes)
-    return sess, tuple(sess.get_providers()) if device_api else providers, nodes
+    return sess, made, nodes
 
 
 def _provider_error(e: BaseException) -> str:
@@ -382,6 +418,12 @@ class OrtRunner:
     ``initializers``: the tensors behind the model's external initializers. ``park``: a
     multi-threaded CPU run parks PyTorch's busy-waiting workers (with ``park_torch_threads``;
     off for regions too short to gain from it, see :data:`~.threads.PARK_REGION_FLOPS`).
+
+    With TensorRT and a model with symbolic dims, the session is made at the first call, with
+    a shape profile built around that call's sizes (:func:`~.tensorrt.profile_for`); a later
+    call outside the profile first gets a session with a wider one. Should that one fail to
+    build, calls outside the profile run in PyTorch (:class:`OrtInputError`) and the others
+    keep the session they have.
     """
 
     def __init__(
@@ -414,29 +456,36 @@ class OrtRunner:
         # version of each tensor
         shared = tuple((n, t.data_ptr(), t._version) for n, t in sorted((initializers or {}).items()))
         tf32 = cuda_tf32() if device.type == "cuda" else None
-        key = (model.digest, options.key(), devkey, stream, tf32, spinning, threads, shared)
-        cache = session_cache(options.cache_size)
-
-        def create() -> tuple[Any, tuple[str, ...], dict[str, int] | None]:
-            made = create_session(model, options, device, spinning, threads, initializers)
-            # the session reads (and prepacked copies of) these tensors' memory: it must not
-            # serve a later tensor that gets the same address
-            cache.drop_with(key, (initializers or {}).values())
-            return made
-
-        self.session, self.providers, nodes = cache.get_or_create(key, create)
+        # the session cache key, less the TensorRT profile
+        self._base_key = (model.digest, options.key(), devkey, stream, tf32, spinning, threads, shared)
+        self._session_threads = threads
+        self._local = threading.local()
+        self._open_lock = threading.Lock()
+        requested = options.resolve_providers(device)
+        profiles = not eps.uses_device_api(options) and tensorrt.wants_profiles(tensorrt.usable_providers(requested), options)
+        #: the inputs TensorRT's shape profiles describe (empty: no profiles)
+        self._profiled = tensorrt.profiled_inputs(model.input_names, model.input_specs) if profiles else ()
+        #: the TensorRT shape profile of the current session (None: none)
+        self.profile: tensorrt.Profile | None = None
+        # a wider profile failed to build: calls outside the current one run in PyTorch
+        self._refused = False
+        #: the ORT session (None until the first call where it waits for a shape profile)
+        self.session: Any = None
+        #: the providers the session has
+        self.providers = tuple(requested)
         #: how many of the model's nodes each execution provider runs (None: ORT cannot say)
-        self.ep_nodes = nodes
+        self.ep_nodes: dict[str, int] | None = None
         #: the session's entry in the session cache
-        self.cache_key = key
-        self._sess = _ort.raw_session(self.session)
+        self.cache_key: Hashable = None
+        self._sess: Any = None
+        if not self._profiled:
+            self._open(None)
         self._ort_device = _ort.c_device(*devkey)
         self._cpu_device = _ort.c_device("cpu", 0)
         self._torch_device = torch.device(*devkey) if devkey[0] == "cuda" else torch.device("cpu")
         self._run_options = onnxruntime().RunOptions()
         #: the CUDA stream the session runs on (None on CPU)
         self._stream = stream
-        self._local = threading.local()
         # binding plans worked out once: (name, spec, ORT element type); None type = ORT allocates
         self._input_plan = [(n, s, NUMPY_TYPES.get(s.dtype)) for n, s in zip(model.input_names, model.input_specs)]
         self._output_plan = [
@@ -458,13 +507,73 @@ class OrtRunner:
             self._parked = parking()
         self._tick_parked = metrics.ticker("parked_runs")
 
+    def _open(self, profile: tensorrt.Profile | None) -> None:
+        """Make (or take from the session cache) the session with TensorRT shape ``profile``."""
+        key = (*self._base_key, profile)
+        cache = session_cache(self.options.cache_size)
+        initializers = self.initializers or None
+
+        def create() -> tuple[Any, tuple[str, ...], dict[str, int] | None]:
+            made = create_session(self.model, self.options, self.device, self.spinning, self._session_threads, initializers, profile)
+            # the session reads (and prepacked copies of) these tensors' memory: it must not
+            # serve a later tensor that gets the same address
+            cache.drop_with(key, (initializers or {}).values())
+            return made
+
+        session, providers, nodes = cache.get_or_create(key, create)
+        self.session, self.providers, self.ep_nodes, self.cache_key = session, providers, nodes, key
+        self.profile = profile
+        self._sess = _ort.raw_session(session)
+        if tensorrt.TRT not in providers:  # made without TensorRT (it cannot load here)
+            self._profiled = ()
+
+    def _fit_profile(self, inputs: Sequence[Any]) -> None:
+        """Make sure the session's TensorRT profile covers these inputs' shapes: the first call
+        opens the session, a call past the profile opens one with a wider profile.
+
+        Raises:
+            OrtInputError: these shapes are outside a profile that could not be widened.
+            OrtRunError: the first session could not be made.
+        """
+        shapes = tensorrt.call_shapes(self._profiled, inputs)
+        profile = self.profile
+        if profile is not None and profile.covers(shapes):
+            return
+        with self._open_lock:
+            profile = self.profile
+            if profile is not None and profile.covers(shapes):
+                return
+            if self._refused:
+                raise OrtInputError(
+                    f"{self.model.name}: shapes {shapes} are outside its TensorRT profile ({profile.describe()})"
+                )
+            wider = tensorrt.profile_for(self._profiled, shapes, self.options.trt_profile_scale, profile)
+            if profile is None:
+                self._open(wider)
+                return
+            old_key = self.cache_key
+            try:
+                self._open(wider)
+            except OrtRunError as e:
+                self._refused = True
+                raise OrtInputError(
+                    f"{self.model.name}: no TensorRT profile for shapes {shapes} ({e}); such calls run in PyTorch"
+                ) from None
+            session_cache().discard(old_key)  # the wider profile serves every call the old one did
+            metrics.increment("trt_profile_rebuilds")
+            logger.info("ort-lazy: %s: TensorRT profile widened to %s", self.model.name, wider.describe())
+
     def _binding(self) -> Any:
-        b = getattr(self._local, "binding", None)
-        if b is None:
-            b = _ort.new_binding(self._sess)
-            self._local.binding = b
+        """This thread's IOBinding, of the session in ``self._local.sess`` (a new one after the
+        session changed: a wider TensorRT profile; a run in another thread keeps the old one)."""
+        local = self._local
+        b = getattr(local, "binding", None)
+        sess = self._sess
+        if b is None or local.sess is not sess:
+            b = _ort.new_binding(sess)
+            local.binding, local.sess = b, sess
             # what each input slot is bound to: (data pointer, shape, dtype, device)
-            self._local.bound = [None] * len(self._input_plan)
+            local.bound = [None] * len(self._input_plan)
         return b
 
     def run(self, inputs: Sequence[Any]) -> list[torch.Tensor]:
@@ -473,6 +582,13 @@ class OrtRunner:
         Raises:
             OrtRunError: binding or running failed (the caller falls back to PyTorch).
         """
+        if self._profiled:
+            try:
+                self._fit_profile(inputs)
+            except OrtRunError:
+                raise
+            except Exception as e:
+                raise OrtRunError(f"ORT session failed for {self.model.name}: {e}") from e
         binding = self._binding()
         try:
             return self._run(binding, inputs)
@@ -483,7 +599,7 @@ class OrtRunner:
             self._reset(binding)
             raise OrtRunError(f"ORT run failed for {self.model.name}: {e}") from e
 
-    def _run_cuda(self, binding: Any) -> None:
+    def _run_cuda(self, binding: Any, sess: Any) -> None:
         """Run on the session's stream, ordered after the caller's current stream's work.
 
         A session is bound to the stream that was current when it was created; called under
@@ -493,14 +609,14 @@ class OrtRunner:
         """
         current = torch.cuda.current_stream(self._torch_device)
         if current.cuda_stream == self._stream:
-            self._sess.run_with_iobinding(binding, self._run_options)
+            sess.run_with_iobinding(binding, self._run_options)
             return
         if self._stream == 0:
             own = torch.cuda.default_stream(self._torch_device)
         else:
             own = torch.cuda.ExternalStream(self._stream, device=self._torch_device)
         own.wait_stream(current)
-        self._sess.run_with_iobinding(binding, self._run_options)
+        sess.run_with_iobinding(binding, self._run_options)
         current.wait_stream(own)
         metrics.increment("stream_handoffs")
 
@@ -512,6 +628,7 @@ class OrtRunner:
     def _run(self, binding: Any, inputs: Sequence[Any]) -> list[torch.Tensor]:
         # Every call rebinds every input and output by name, so earlier bindings are never
         # read again and need no clearing on the hot path.
+        sess = self._local.sess  # the session ``binding`` belongs to
         keep: list[torch.Tensor] = []  # converted inputs, alive until the run ends
         bound = self._local.bound
         for i, ((name, spec, element_type), value) in enumerate(zip(self._input_plan, inputs)):
@@ -557,12 +674,12 @@ class OrtRunner:
             binding.bind_output(name, self._ort_device, element_type, spec.shape, out.data_ptr() if out.numel() else _data_ptr(out))
             outputs.append(out)
         if self._parked is not None:
-            if self._parked(self._sess.run_with_iobinding, binding, self._run_options):
+            if self._parked(sess.run_with_iobinding, binding, self._run_options):
                 self._tick_parked()
         elif self._stream is not None:
-            self._run_cuda(binding)
+            self._run_cuda(binding, sess)
         else:
-            self._sess.run_with_iobinding(binding, self._run_options)
+            sess.run_with_iobinding(binding, self._run_options)
         if self._dynamic_outputs:
             ort_values = binding.get_outputs()
             dims = _symbol_values(self.model.input_specs, inputs)
