@@ -20,6 +20,7 @@ Nothing is only in the default run: the full tier holds every test and every cas
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import os
 
@@ -48,9 +49,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+#: Python's cyclic garbage collector in the test processes: a young-generation collection every
+#: 10000 net allocations instead of every 700. Tracing and compiling a graph allocates millions
+#: of short-lived objects, and with the default the collector took a fifth of a compiling
+#: test's CPU time (measured: 4.2 of 19.8 CPU seconds; 1.2 of 15.9 with this). Cyclic garbage
+#: is still collected, a little later; tests that need it gone call ``gc.collect()``.
+GC_THRESHOLD = (10000, 20, 20)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "zoo_full: model-zoo test outside the fast subset (opt in with --zoo-full)")
     config.addinivalue_line("markers", "full: test outside the fast subset .ci/run takes (opt in with --full-tier)")
+    gc.set_threshold(*GC_THRESHOLD)
 
 
 def shard_of(nodeid: str, shards: int) -> int:

@@ -11,9 +11,12 @@ libraries once (:data:`PRELOAD`: third-party modules only, never ort-lazy, whose
 environment are the case's own) and forks a child per call. The child starts from that state
 as a fresh interpreter would after the same imports: the call's environment (``os.environ``
 replaced), working directory, ``sys.argv``, ``sys.path`` as ``python`` would build it for that
-``PYTHONPATH`` and that form (taken from a real interpreter, once per form), its own
-``__main__``, stdout and stderr on its own files, exit handlers run, and the exit status a
-``subprocess.run`` would give (the signal that killed it included). The server only imports;
+``PYTHONPATH``, directory and form (asked of a real interpreter, once per ``PYTHONPATH`` and
+directory), its own ``__main__``, stdout and stderr on its own files, exit handlers run, and the
+exit status a ``subprocess.run`` would give (the signal that killed it included). What differs:
+the preloaded modules are in ``sys.modules`` from the start, so a case that checks what its own
+imports load (``test_disk_cache.py``, ``test_bridge_build.py``) keeps ``subprocess.run``. The
+server only imports;
 it runs no torch op, and forks only while it holds no thread but those its imports started
 (numpy's OpenBLAS pool, which OpenBLAS stops and restarts around a fork); else the call runs in
 a new interpreter.

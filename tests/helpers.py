@@ -146,7 +146,7 @@ def tiered(values: Sequence[Any], fast: Any, *, unpack: bool = False) -> list[An
     full tier (marked ``full``; see ``conftest.py``): ``fast`` is a collection of the values the
     default run takes, a predicate on a value, or an int N: every Nth value, the first included
     (for long lists of cases of one kind). ``unpack``: each value is a tuple of several
-    arguments (``parametrize("a,b", ...)``)."""
+    arguments (``parametrize("a,b", ...)``); a ``pytest.param`` value keeps its id and marks."""
     import pytest
 
     values = list(values)
@@ -161,6 +161,8 @@ def tiered(values: Sequence[Any], fast: Any, *, unpack: bool = False) -> list[An
     for value, keep in zip(values, kept):
         if keep:
             out.append(value)
+        elif isinstance(value, type(pytest.param(None))):  # a pytest.param already: keep its id and marks
+            out.append(pytest.param(*value.values, id=value.id, marks=[*value.marks, pytest.mark.full]))
         else:
             out.append(pytest.param(*(value if unpack else (value,)), marks=pytest.mark.full))
     return out
