@@ -104,6 +104,22 @@ def _fresh_metrics():
     yield
 
 
+@pytest.fixture(autouse=True)
+def _bridge_left_as_found():
+    """A test that turns the TorchScript/LazyTensor pass on turns it off again: a pass left on
+    for ``lazy`` keeps fusing and running groups on ORT in later tests that turned ``jit`` off
+    (their counters then depend on which tests ran before on the same worker)."""
+    from ort_lazy.runtime import bridge
+
+    before = bridge.users()
+    yield
+    left = bridge.users() - before
+    if left:
+        for user in left:
+            bridge.deactivate(user)
+        pytest.fail(f"the test left the bridge's pass on for {sorted(left)}: turn it off at its end")
+
+
 @pytest.fixture
 def decomposed_attention(monkeypatch: pytest.MonkeyPatch) -> None:
     """CPU inference graphs decompose attention (matrix products and the guarded softmax)

@@ -395,3 +395,20 @@ def test_first_call_in_new_processes(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "cold/ind" in printed and "seed" in printed
     with pytest.raises(SystemExit):
         module.main(["--backends", "tensorrt"])
+
+
+@pytest.mark.full
+def test_save_load_figures(tmp_path: Path) -> None:
+    """``benchmarks/save_load.py``: a saved model's load and first call against torch.compile's
+    cold and warm first calls, each in a new process."""
+    path = BENCH.parent / "save_load.py"
+    spec = importlib.util.spec_from_file_location("ort_lazy_save_load", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "saved.json"
+    assert module.main(["--models", "mlp", "--repeat", "1", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())
+    assert row["model"] == "mlp" and row["runs"].startswith("direct") and row["size"] > 790_000, row
+    assert all(_finite(row[k]) for k in ("load", "cold", "warm")), row
+    assert row["load"] < row["warm"] < row["cold"], row

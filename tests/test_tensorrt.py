@@ -351,6 +351,24 @@ def test_runner_keeps_its_profile_when_a_wider_one_fails(monkeypatch):
     assert_close(runner.run([x])[0], x + 1)
 
 
+def test_runner_waiting_for_a_profile_has_no_lean_call(monkeypatch):
+    """``tensor_call`` runs the session it was made for and fits no profile: a runner whose
+    TensorRT profile is still to fit (before and after its first session) gives none, so its
+    callers use ``run``, which widens; a TensorRT session without profiles has one."""
+    sessions = _Sessions()
+    monkeypatch.setattr(session_mod, "create_session", sessions)
+    runner = OrtRunner(_symbolic_model(lambda x: x + 1, torch.randn(5, 2)), Options(providers="tensorrt"), _CPU_DEVICE)
+    assert runner.tensor_call() is None
+    x = torch.randn(4, 2)
+    assert_close(runner.run([x])[0], x + 1)
+    assert runner.tensor_call() is None
+    static = OrtRunner(export_graph(_static_graph(), "static"), Options(providers="tensorrt"), _CPU_DEVICE)
+    call = static.tensor_call()
+    assert call is not None and static.profile is None
+    x = torch.randn(2, 2)
+    assert_close(call([x])[0], x + 1)
+
+
 def test_runner_first_session_failure_is_lasting(monkeypatch):
     monkeypatch.setattr(session_mod, "create_session", _Sessions(refuse=lambda profile: True))
     runner = OrtRunner(_symbolic_model(lambda x: x + 1, torch.randn(5, 2)), Options(providers="tensorrt"), _CPU_DEVICE)

@@ -1,4 +1,4 @@
-"""The ``ort-lazy`` command: ``info``, ``demo``, ``explain`` and ``bench``."""
+"""The ``ort-lazy`` command: ``info``, ``demo``, ``explain``, ``save`` and ``bench``."""
 
 from __future__ import annotations
 
@@ -386,6 +386,68 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _save_factory(target: str) -> tuple[Any, Any, Any]:
+    """``module:factory`` for ``ort-lazy save``: the factory returns ``(model, example_inputs)``
+    or ``(model, example_inputs, dynamic_shapes)``; ``example_inputs`` a tuple of positional
+    inputs, a dict of keyword inputs, or one tensor; ``dynamic_shapes`` as ``torch.export``
+    takes it."""
+    module_name, _, attr = target.rpartition(":")
+    if not module_name or not attr:
+        raise SystemExit(f"ort-lazy save: expected module:factory (or path/to/file.py:factory), got {target!r}")
+    obj = _import_target(module_name)
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise SystemExit(f"ort-lazy save: {module_name} has no attribute {attr!r}") from None
+    made = obj() if callable(obj) and not hasattr(obj, "forward") else obj
+    if isinstance(made, tuple) and len(made) in (2, 3):
+        return made[0], made[1], made[2] if len(made) == 3 else None
+    raise SystemExit(
+        f"ort-lazy save: {target} must return (model, example_inputs) or (model, example_inputs, dynamic_shapes), "
+        f"got {type(made).__name__}"
+    )
+
+
+def _cmd_save(args: argparse.Namespace) -> int:
+    from .frontends.save import export_onnx, save
+
+    options: dict[str, Any] = {}
+    for item in args.option:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise SystemExit(f"ort-lazy save: --option takes name=value, got {item!r}")
+        options[name.strip()] = value
+    model, inputs, dynamic = _save_factory(args.model)
+    if args.onnx:
+        result = export_onnx(model, inputs, args.out, dynamic_shapes=dynamic, **options)
+    else:
+        result = save(model, inputs, args.out, dynamic_shapes=dynamic, program=args.program, **options)
+    print(json.dumps(result, indent=2, default=str))
+    return 0
+
+
+def _print_artifact(path: str, as_json: bool) -> int:
+    from .runtime.artifact import ArtifactError, summary
+
+    try:
+        data = summary(path)
+    except ArtifactError as e:
+        print(f"ort-lazy info: {e}", file=sys.stderr)
+        return 1
+    if as_json:
+        print(json.dumps(data, indent=2))
+        return 0
+    for key in ("path", "size", "runs", "program", "providers", "inputs", "versions", "weights", "ops_in_pytorch"):
+        print(f"{key:<16}{data[key]}")
+    for region in data["regions"]:
+        print(f"region {region['id']}: opsets {region['opsets']}, IR {region['ir_version']}, {region['initializers']} weights bound")
+        print(f"  inputs   {', '.join(region['inputs'])}")
+        print(f"  outputs  {', '.join(region['outputs'])}")
+        print(f"  ops      {', '.join(region['ops'])}")
+    return 0
+
+
 def _cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
     root = Path(__file__).resolve().parents[2] / "benchmarks"
     if not (root / "bench.py").exists():
@@ -400,7 +462,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ort-lazy`` command."""
     parser = argparse.ArgumentParser(prog="ort-lazy", description="ONNX Runtime backend for PyTorch compilers")
     sub = parser.add_subparsers(dest="command", required=True)
-    p_info = sub.add_parser("info", help="versions, ORT flavour and providers, bridge, CUDA")
+    p_info = sub.add_parser("info", help="versions, ORT flavour and providers, bridge, CUDA; or what a saved artifact holds")
+    p_info.add_argument("artifact", nargs="?", default=None, help="an artifact ort-lazy save wrote: its regions, ops and versions")
     p_info.add_argument("--json", action="store_true")
     p_demo = sub.add_parser("demo", help="built-in models through every front door: parity and timing")
     p_demo.add_argument("--models", default=None, help="comma-separated built-in models (default: all)")
@@ -413,11 +476,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p_explain.add_argument("--train", action="store_true", help="also compile and explain the backward graph")
     p_explain.add_argument("--json", action="store_true")
+    p_save = sub.add_parser("save", help="save a model as ort-lazy runs it (one artifact, or --onnx one ONNX file)")
+    p_save.add_argument(
+        "model", help="module:factory / path/to/file.py:factory returning (model, example_inputs[, dynamic_shapes])"
+    )
+    p_save.add_argument("out", help="the artifact (or ONNX file) to write")
+    p_save.add_argument("--onnx", action="store_true", help="one ONNX file (every op must run on ORT)")
+    p_save.add_argument("--program", action="store_true", help="also keep the torch.export program in the artifact")
+    p_save.add_argument("--option", action="append", default=[], help="an ort-lazy option as name=value (repeatable)")
     sub.add_parser("bench", help="the benchmark suite (arguments are passed on)", add_help=False)
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:
         return _cmd_bench(parser.parse_args(argv[:1]), argv[1:])
     args = parser.parse_args(argv)
+    if args.command == "info" and args.artifact:
+        return _print_artifact(args.artifact, args.json)
+    if args.command == "save":
+        return _cmd_save(args)
     if args.command == "info":
         data = info()
         if "torch_warning" in data:  # on stderr: stdout stays the report (JSON with --json)

@@ -59,6 +59,10 @@ _COUNTER_NAMES = (
     "check_fallbacks",
     "exact_form_switches",
     "fused_attention",
+    "thread_trials",
+    "autotune_kept_in_pytorch",
+    "artifacts_saved",
+    "artifacts_loaded",
 )
 
 _lock = threading.Lock()

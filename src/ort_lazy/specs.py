@@ -8,15 +8,26 @@ dumps write them as JSON (:func:`spec_to_json`).
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import hashlib
-from collections.abc import Callable
+import operator
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-__all__ = ["TensorSpec", "OrtModel", "TORCH_TO_ONNX", "spec_to_json", "spec_from_json", "WEIGHT_MODES"]
+__all__ = [
+    "TensorSpec",
+    "OrtModel",
+    "TORCH_TO_ONNX",
+    "spec_to_json",
+    "spec_from_json",
+    "WEIGHT_MODES",
+    "parse_dim",
+    "dim_symbols",
+]
 
 #: How a region binds the parameters it does not take as graph inputs:
 #: ``snapshot``: their values baked into the model at compile time (``freeze_weights``);
@@ -136,3 +147,76 @@ class OrtModel:
             facts=dict(data.get("facts", {})),
             checks=int(data.get("checks", 0)),
         )
+
+
+# -- symbolic dims ----------------------------------------------------------------------------------
+
+_BINARY: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+}
+
+
+def _fold(fn: Callable[[Any, Any], Any], values: Sequence[Any]) -> Any:
+    result = values[0]
+    for v in values[1:]:
+        result = fn(result, v)
+    return result
+
+
+_CALLS: dict[str, Callable[..., Any]] = {
+    "Max": lambda *a: _fold(torch.sym_max, a),
+    "Min": lambda *a: _fold(torch.sym_min, a),
+    "FloorDiv": operator.floordiv,
+    "Mod": operator.mod,
+    "PythonMod": operator.mod,
+}
+
+
+def parse_dim(expr: str) -> Callable[[Mapping[str, Any]], Any]:
+    """A function computing a symbolic dim's expression as :class:`TensorSpec` writes it
+    (``s0``, ``2*s0``, ``(s0//2)``, ``Max(1, s0)``) from the values of its symbols (ints, or
+    SymInts while tracing). Only integer arithmetic is read (+, -, *, //, %, Max, Min,
+    FloorDiv, Mod): never ``eval``.
+
+    Raises:
+        ValueError: ``expr`` has anything else. The function raises :class:`KeyError` for a
+            symbol it is not given.
+    """
+
+    def build(node: ast.AST) -> Callable[[Mapping[str, Any]], Any]:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            value = node.value
+            return lambda symbols: value
+        if isinstance(node, ast.Name) and node.id not in _CALLS:
+            name = node.id
+            return lambda symbols: symbols[name]
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+            fn, left, right = _BINARY[type(node.op)], build(node.left), build(node.right)
+            return lambda symbols: fn(left(symbols), right(symbols))
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            inner = build(node.operand)
+            return lambda symbols: -inner(symbols)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _CALLS and node.args and not node.keywords:
+            call, parts = _CALLS[node.func.id], [build(a) for a in node.args]
+            return lambda symbols: call(*(p(symbols) for p in parts))
+        raise ValueError(f"dim {expr!r}: unsupported expression {ast.dump(node)[:80]}")
+
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError as e:
+        raise ValueError(f"dim {expr!r} is not an expression: {e}") from None
+    return build(tree.body)
+
+
+def dim_symbols(expr: str) -> set[str]:
+    """The symbols a symbolic dim's expression reads (see :func:`parse_dim`). Raises
+    :class:`ValueError` for text that is no expression."""
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError as e:
+        raise ValueError(f"dim {expr!r} is not an expression: {e}") from None
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id not in _CALLS}

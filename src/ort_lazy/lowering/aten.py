@@ -41,7 +41,7 @@ from .layouts import storage_order_views
 from .pooling import drop_unused_indices
 from .simplify import simplify_aten
 
-__all__ = ["compile_captured", "copy_graph_module"]
+__all__ = ["compile_captured", "copy_graph_module", "lower_exported"]
 
 logger = logging.getLogger("ort_lazy")
 
@@ -82,6 +82,25 @@ def _lowered(
     # AOTAutograd may call its compilers inside its fake mode; regions read real weights
     with _compat.real_tensor_mode():
         return compile_graph(work, options, tag=tag, constants=constants, weights=mode)
+
+
+def lower_exported(
+    gm: torch.fx.GraphModule, options: Options, constants: dict[int, torch.Tensor] | None, mode: str | None
+) -> torch.fx.GraphModule:
+    """Lower the inference graph of a ``torch.export`` program (aten ops, decomposed with
+    :func:`~.decompositions.decomposition_table`, ``meta['val']`` set) as the dynamo door lowers
+    a no-grad graph: a copy of ``gm`` with its supported regions on ORT, ``constants`` (by
+    placeholder position) bound to the regions as ``mode`` says (:func:`weight_mode`).
+
+    Unlike :func:`compile_captured` nothing is swallowed: a failure raises (a region ORT cannot
+    run stays in the copy as its fused submodule, counted and warned like any).
+    """
+    fake_modes = {id(v.fake_mode): v.fake_mode for n in gm.graph.nodes if hasattr(v := n.meta.get("val"), "fake_mode")}
+    if len(fake_modes) != 1:
+        raise ValueError(f"the exported graph's values come from {len(fake_modes)} fake modes, expected one")
+    (fake_mode,) = fake_modes.values()
+    with _compat.tracing_context(fake_mode), torch.no_grad():
+        return _lowered(gm, options, "inference", constants if mode is not None else None, mode or "snapshot")
 
 
 def _lower_bodies(gm: torch.fx.GraphModule, options: Options, tag: str) -> None:

@@ -22,7 +22,7 @@ import torch
 from .. import metrics
 from ..debug.nvtx import nvtx_range
 from ..options import Options, OptionsError, apply_session_options
-from ..specs import OrtModel, TensorSpec
+from ..specs import TORCH_TO_ONNX, OrtModel, TensorSpec, dim_symbols, parse_dim
 from . import _ort, tensorrt
 from . import providers as eps
 from .flavour import max_ir_version, onnxruntime
@@ -488,10 +488,15 @@ class OrtRunner:
         self._stream = stream
         # binding plans worked out once: (name, spec, ORT element type); None type = ORT allocates
         self._input_plan = [(n, s, NUMPY_TYPES.get(s.dtype)) for n, s in zip(model.input_names, model.input_specs)]
+        # outputs with symbolic dims the inputs' sizes give are allocated by torch as well;
+        # ORT allocates the others (dims it alone knows)
+        self._symbol_at, shapes = _output_shapes(model)
         self._output_plan = [
-            (n, s, NUMPY_TYPES.get(s.dtype) if s.static else None) for n, s in zip(model.output_names, model.output_specs)
+            (n, s, NUMPY_TYPES.get(s.dtype) if s.static or shape is not None else None, shape)
+            for n, s, shape in zip(model.output_names, model.output_specs, shapes)
         ]
-        self._dynamic_outputs = any(t is None for _, _, t in self._output_plan)
+        self._shaped_outputs = any(shape is not None for shape in shapes)
+        self._dynamic_outputs = any(t is None for _, _, t, _ in self._output_plan)
         self._checks = model.checks
         if stream is not None and not self._dynamic_outputs:
             # Every output is a torch tensor ORT writes on the stream torch orders its work on,
@@ -562,6 +567,81 @@ class OrtRunner:
             session_cache().discard(old_key)  # the wider profile serves every call the old one did
             metrics.increment("trt_profile_rebuilds")
             logger.info("ort-lazy: %s: TensorRT profile widened to %s", self.model.name, wider.describe())
+
+    def tensor_call(self) -> Callable[[Sequence[torch.Tensor]], list[torch.Tensor]] | None:
+        """A leaner :meth:`run` for callers that pass exactly the model's inputs as host tensors
+        of its dtypes and ints for its integer scalars (checked by the caller): every input
+        bound, every output a torch tensor bound by pointer, the run, nothing else per call.
+        None where the model needs more: a GPU session, other scalar inputs, outputs only ORT
+        can size, check outputs, a TensorRT shape profile still to fit (its session is made at
+        the first call and replaced by one with a wider profile when a call is past it: only
+        :meth:`run` fits the profile first, and the lean call keeps the session it was made for).
+
+        The call raises :class:`OrtRunError` when binding or running fails.
+        """
+        if self.device.type != "cpu" or self._dynamic_outputs or self._checks or self._profiled or self._sess is None:
+            return None
+        if any(t is None or (spec.scalar and spec.dtype != torch.int64) for _, spec, t in self._input_plan):
+            return None
+        # ONNX element types as ints: ORT reads them without converting a numpy type (~1 us a binding)
+        inputs = [(i, name, TORCH_TO_ONNX[spec.dtype], spec.scalar) for i, (name, spec, _) in enumerate(self._input_plan)]
+        scalar = torch.tensor
+        outputs = [
+            (name, spec.dtype, TORCH_TO_ONNX[spec.dtype], spec.shape if shape is None else None, shape)
+            for name, spec, _, shape in self._output_plan
+        ]
+        symbol_at = list(self._symbol_at.items())
+        cpu = self._cpu_device
+        # no profile to fit: the session stays, so each thread's binding (binding_of) is one of it
+        run = self._sess.run_with_iobinding
+        run_options = self._run_options
+        parked = self._parked
+        tick, tick_parked = self._tick, self._tick_parked
+        empty = torch.empty
+        binding_of = self._binding
+
+        local = self._local
+
+        def call(values: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+            binding = binding_of()
+            bound = local.bound
+            try:
+                keep = []  # contiguous copies, alive until the run ends
+                for (i, name, element_type, is_size), value in zip(inputs, values):
+                    if is_size:  # an int: a 0-d int64 tensor
+                        value = scalar(value, dtype=torch.int64)
+                        keep.append(value)
+                        binding.bind_input(name, cpu, element_type, (), value.data_ptr())
+                        continue
+                    if not value.is_contiguous():
+                        value = value.contiguous()
+                        keep.append(value)
+                        bound[i] = None
+                    ptr = value.data_ptr() if value.numel() else _data_ptr(value)
+                    state = bound[i]
+                    # the tensor bound last call (same object, memory and shape): nothing to bind
+                    if state is not None and state[0] == id(value) and state[1] == ptr and state[2] == value.shape:
+                        continue
+                    binding.bind_input(name, cpu, element_type, value.shape, ptr)
+                    bound[i] = (id(value), ptr, value.shape, value.dtype) if value is values[i] else None
+                symbols = {s: values[i].shape[d] for s, (i, d) in symbol_at} if symbol_at else None
+                results = []
+                for name, dtype, element_type, static, shape in outputs:
+                    dims = static if shape is None else shape(symbols)
+                    out = empty(dims, dtype=dtype)
+                    binding.bind_output(name, cpu, element_type, dims, out.data_ptr() if out.numel() else _data_ptr(out))
+                    results.append(out)
+                if parked is None:
+                    run(binding, run_options)
+                elif parked(run, binding, run_options):
+                    tick_parked()
+            except Exception as e:
+                self._reset(binding)
+                raise OrtRunError(f"ORT run failed for {self.model.name}: {e}") from e
+            tick()
+            return results
+
+        return call
 
     def _binding(self) -> Any:
         """This thread's IOBinding, of the session in ``self._local.sess`` (a new one after the
@@ -665,13 +745,15 @@ class OrtRunner:
             binding.bind_input(name, dev, element_type, value.shape, ptr)
             bound[i] = (id(value), ptr, value.shape, value.dtype) if value is inputs[i] else None
         outputs: list[torch.Tensor | None] = []
-        for name, spec, element_type in self._output_plan:
+        symbols = {s: inputs[i].shape[d] for s, (i, d) in self._symbol_at.items()} if self._shaped_outputs else None
+        for name, spec, element_type, shape in self._output_plan:
             if element_type is None:
                 binding.bind_output(name, self._ort_device)
                 outputs.append(None)
                 continue
-            out = torch.empty(spec.shape, dtype=spec.dtype, device=self.device)
-            binding.bind_output(name, self._ort_device, element_type, spec.shape, out.data_ptr() if out.numel() else _data_ptr(out))
+            dims = spec.shape if shape is None else shape(symbols)
+            out = torch.empty(dims, dtype=spec.dtype, device=self.device)
+            binding.bind_output(name, self._ort_device, element_type, dims, out.data_ptr() if out.numel() else _data_ptr(out))
             outputs.append(out)
         if self._parked is not None:
             if self._parked(sess.run_with_iobinding, binding, self._run_options):
@@ -698,6 +780,39 @@ class OrtRunner:
                 )
         self._tick()
         return outputs  # type: ignore[return-value]
+
+
+def _output_shapes(
+    model: OrtModel,
+) -> tuple[dict[str, tuple[int, int]], list[Callable[[dict[str, int]], list[int]] | None]]:
+    """Where each symbol of ``model``'s input specs is first read (input, dim: a tensor dim
+    that is the symbol itself), and per output a function of those symbols' values giving its
+    shape: None for a static output, and for one a dim of which no input's size gives (ORT
+    allocates that one: only it knows the size)."""
+    symbol_at: dict[str, tuple[int, int]] = {}
+    for i, spec in enumerate(model.input_specs):
+        if spec.scalar:
+            continue
+        for d, dim in enumerate(spec.shape):
+            if isinstance(dim, str) and dim.isidentifier() and dim not in symbol_at:
+                symbol_at[dim] = (i, d)
+    shapes: list[Callable[[dict[str, int]], list[int]] | None] = []
+    for spec in model.output_specs:
+        if spec.static or NUMPY_TYPES.get(spec.dtype) is None:
+            shapes.append(None)
+            continue
+        try:
+            needed = set().union(*(dim_symbols(d) for d in spec.shape if isinstance(d, str)))
+            dims = [parse_dim(d) if isinstance(d, str) else d for d in spec.shape]
+        except ValueError:
+            shapes.append(None)
+            continue
+        if not needed <= set(symbol_at):
+            shapes.append(None)
+            continue
+        shapes.append(lambda symbols, dims=dims: [d(symbols) if callable(d) else d for d in dims])
+    used = set().union(*(dim_symbols(d) for s, f in zip(model.output_specs, shapes) if f is not None for d in s.shape if isinstance(d, str)))
+    return {s: at for s, at in symbol_at.items() if s in used}, shapes
 
 
 _PLACEHOLDERS: dict[torch.device, torch.Tensor] = {}
