@@ -20,6 +20,12 @@ A wheel holding the bridge is tagged for this Python and platform; without it th
 Next to the library the build writes ``ort_lazy/_bridge_build.json``: the torch version the
 bridge was compiled against (also compiled in, as ``ORT_LAZY_TORCH_VERSION``), the build
 configuration and the compiler flags. ``ort_lazy.runtime.bridge`` checks it before loading.
+
+Every build of this tree (editable install, wheel, ``setup.py build``) compiles into
+``build/temp.<platform>-<python>`` and records there too which torch and flags its objects are
+of: a later build with the same torch and flags reuses them (ninja recompiles only what changed,
+e.g. ``pip wheel`` after the editable install links in a second), one with another torch or
+other flags starts from an empty directory.
 """
 
 from __future__ import annotations
@@ -129,6 +135,11 @@ def openmp_flags() -> list[str]:
     return ["-fopenmp"] if torch._C.has_openmp else []
 
 
+def objects_dir(plat_name: str) -> Path:
+    """Where every build of this tree compiles the bridge: ``build/temp.<platform>-<python>``."""
+    return ROOT / "build" / f"temp.{plat_name}-{sys.implementation.cache_tag}"
+
+
 def _read_record(path: Path) -> dict[str, Any] | None:
     try:
         return json.loads(path.read_text())
@@ -165,21 +176,27 @@ def bridge_options() -> dict[str, Any]:
 
         def finalize_options(self) -> None:
             super().finalize_options()
-            if getattr(self, "editable_mode", False):
-                # editable builds get a new temporary directory each time: compile in the tree's
-                # build/ instead, so ninja reuses the objects of earlier builds (wheel or editable)
-                tag = f"temp.{self.plat_name}-{sys.implementation.cache_tag}"
-                self.build_temp = str(ROOT / "build" / tag)
+            # every build of this tree (editable ones, which would get a new temporary directory
+            # each time, wheels, `setup.py build`) compiles in the tree's build/: ninja reuses
+            # the objects of an earlier build of the same torch and flags, and recompiles what
+            # changed since (the sources, the headers they include)
+            self.build_temp = str(objects_dir(self.plat_name))
 
         def build_extension(self, ext: Any) -> None:
             library = Path(self.get_ext_fullpath(ext.name))
             this_build = {**record, "library": library.name}
+            objects = Path(self.build_temp)
+            if objects.exists() and _read_record(objects / RECORD) != record:
+                # objects of another torch or other flags (or unrecorded ones): compile afresh
+                shutil.rmtree(objects)
+                self.force = True
             if library.exists() and _read_record(library.parent / RECORD) != this_build:
                 # setuptools skips a library newer than its sources: not when torch or flags changed
                 self.force = True
             super().build_extension(ext)
             text = json.dumps(this_build, indent=2, sort_keys=True) + "\n"
             (library.parent / RECORD).write_text(text)
+            (objects / RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
 
         def copy_extensions_to_source(self) -> None:
             # editable installs: the library is copied into src/ort_lazy; its record goes with it

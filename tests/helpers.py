@@ -141,6 +141,33 @@ def bridge_marks() -> list[Any]:
     return [pytest.mark.bridge, pytest.mark.skipif(error is not None, reason=f"bridge not built: {error}")]
 
 
+def tiered(values: Sequence[Any], fast: Any, *, unpack: bool = False) -> list[Any]:
+    """``values`` for ``pytest.mark.parametrize`` with the ones outside the fast subset in the
+    full tier (marked ``full``; see ``conftest.py``): ``fast`` is a collection of the values the
+    default run takes, a predicate on a value, or an int N: every Nth value, the first included
+    (for long lists of cases of one kind). ``unpack``: each value is a tuple of several
+    arguments (``parametrize("a,b", ...)``); a ``pytest.param`` value keeps its id and marks."""
+    import pytest
+
+    values = list(values)
+    if isinstance(fast, int):
+        kept = [i % fast == 0 for i in range(len(values))]
+    elif callable(fast):
+        kept = [bool(fast(v)) for v in values]
+    else:
+        chosen = list(fast)
+        kept = [v in chosen for v in values]
+    out = []
+    for value, keep in zip(values, kept):
+        if keep:
+            out.append(value)
+        elif isinstance(value, type(pytest.param(None))):  # a pytest.param already: keep its id and marks
+            out.append(pytest.param(*value.values, id=value.id, marks=[*value.marks, pytest.mark.full]))
+        else:
+            out.append(pytest.param(*(value if unpack else (value,)), marks=pytest.mark.full))
+    return out
+
+
 def run_in_threads(worker: Callable[[int], None], count: int = 8, timeout: float = 300.0) -> None:
     """Run ``worker(i)`` in ``count`` threads started together; fail on any error or deadlock."""
     import threading

@@ -2,9 +2,11 @@
 ignore.
 
 Every case runs in its own Python process (:func:`run_case`), so a crash (a segfault in native
-code) fails that one test with its exit status instead of taking the test run down. The seeded
-random test at the end draws a few hundred combinations of options, devices, dtypes, functions
-and front doors (``random_cases.py``), in a few processes.
+code) fails that one test with its exit status instead of taking the test run down, and nothing
+a case changes reaches another. The processes are forks of a server that has imported torch and
+the ONNX libraries once (``forkserver.py``: a new interpreter's state, without five seconds of
+imports per case). The seeded random test at the end draws a few hundred combinations of
+options, devices, dtypes, functions and front doors (``random_cases.py``), in a few processes.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+import forkserver
 
 TESTS = Path(__file__).resolve().parent
 SRC = TESTS.parent / "src"
@@ -71,9 +75,7 @@ def run_case(
     passed to ``done``. Fails the test when the process crashes, exits non-zero or never calls
     ``done``."""
     code = PRELUDE + textwrap.dedent(setup) + textwrap.dedent(body)
-    proc = subprocess.run(
-        [sys.executable, "-c", code], env=_env(env), cwd=cwd, capture_output=True, text=True, timeout=timeout
-    )
+    proc = forkserver.run([sys.executable, "-c", code], env=_env(env), cwd=cwd, timeout=timeout)
     assert proc.returncode == 0, f"{_exit_text(proc.returncode)}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-5000:]}"
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert lines, f"the case never reported\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
@@ -82,9 +84,7 @@ def run_case(
 
 def run_cli(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: int = 300) -> subprocess.CompletedProcess[str]:
     """``ort-lazy ARGS`` (as ``python -m ort_lazy.cli``) in ``cwd``; never a crash."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "ort_lazy.cli", *args], env=_env(env), cwd=cwd, capture_output=True, text=True, timeout=timeout
-    )
+    proc = forkserver.run([sys.executable, "-m", "ort_lazy.cli", *args], env=_env(env), cwd=cwd, timeout=timeout)
     assert proc.returncode >= 0, f"{_exit_text(proc.returncode)}\n{proc.stderr[-3000:]}"
     return proc
 
@@ -775,6 +775,7 @@ def test_cli_demo_explains_its_table(tmp_path):
             assert first > 0.0, line  # the calls until ORT ran, compiling included: not 0.00
 
 
+@pytest.mark.full
 def test_bench_quick_reports_targets_as_information_and_leaks_no_configuration(tmp_path):
     facts = run_case(
         f"""
@@ -816,17 +817,16 @@ RANDOM_CASES = 320
 RANDOM_CHUNKS = 4
 
 
-@pytest.mark.parametrize("chunk", range(RANDOM_CHUNKS))
+@pytest.mark.parametrize("chunk", [c if c == 0 else pytest.param(c, marks=pytest.mark.full) for c in range(RANDOM_CHUNKS)])
 def test_random_options_devices_dtypes_never_crash(chunk):
     """A seeded draw of options (valid and invalid), devices (cpu, meta), the seven dtypes,
     functions and front doors: every result equals eager's, or eager raises too, or the error
-    names the setting to fix; never a crash. Cases run in ``RANDOM_CHUNKS`` processes."""
+    names the setting to fix; never a crash. Cases run in ``RANDOM_CHUNKS`` processes: the
+    first by default, all of them in the full tier."""
     per = RANDOM_CASES // RANDOM_CHUNKS
-    proc = subprocess.run(
+    proc = forkserver.run(
         [sys.executable, str(TESTS / "random_cases.py"), str(RANDOM_SEED), str(chunk * per), str(per)],
         env=_env(),
-        capture_output=True,
-        text=True,
         timeout=600,
     )
     lines = proc.stdout.splitlines()

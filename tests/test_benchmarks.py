@@ -1,6 +1,9 @@
 """Smoke test of the benchmark suite: it runs, writes a complete JSON and a chart, survives failures.
 
-Speed is never asserted here; only that every row was measured and its figures are sane.
+Speed is never asserted here; only that every row was measured and its figures are sane. The
+default run takes the quick suite, the failure handling, the least backend and the kernel
+comparison; the other rows (best ORT, mixed, int8, fast math, device-only) and the first-call
+script in new processes are in the full tier (``--full-tier``).
 """
 
 from __future__ import annotations
@@ -118,6 +121,7 @@ def test_compile_share_excludes_dynamo_trace(bench: ModuleType) -> None:
         assert by[name].compile_vs_inductor is None, name
 
 
+@pytest.mark.full
 def test_best_ort_mixed_int8_and_fast_rows(bench: ModuleType, tmp_path: Path) -> None:
     """The best direct ORT run, the mixed-regime rows, the int8 and the fast_math rows are
     measured, checked against eager and carry their ratios (x best ORT, the penalty after
@@ -210,6 +214,7 @@ def test_zoo_models_are_known(bench: ModuleType) -> None:
     assert {"bert", "gpt2", "resnet", "efficientnet", "vit", "ffn", "llama"} <= set(bench.known_models())
 
 
+@pytest.mark.full
 def test_device_only_rows_say_where_they_are_measured(bench: ModuleType, tmp_path: Path) -> None:
     """The fp16 row is the GPU's (ORT's CPU provider has no float16 matrix kernels): asked for
     on the CPU it is an error row that says so, and the others still run; with ``--device
@@ -367,6 +372,7 @@ def test_openvino_backend_handing_a_graph_to_inductor_is_an_error(bench: ModuleT
     assert ov_backend.compile_fx.__name__ == "compile_fx" and Partitioner.make_partitions.__name__ == "make_partitions"
 
 
+@pytest.mark.full
 def test_first_call_in_new_processes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``benchmarks/first_call.py``: every backend's cold and warm first call in new processes."""
     path = BENCH.parent / "first_call.py"

@@ -314,6 +314,107 @@ def test_bridge_source_is_valid_at_the_oldest_standard_torch_accepts(tmp_path: P
 # --------------------------------------------------------------------------- clear errors
 
 
+# --------------------------------------------------------------------------- reused objects
+
+
+def _build_command(tmp_path: Path, editable: bool = False) -> tuple[Any, Any]:
+    """setup.py's ``build_ext`` (of the torch running now) for a build of a tree at ``tmp_path``."""
+    from setuptools import Distribution
+
+    options = setup_py.bridge_options()
+    (ext,) = options["ext_modules"]
+    command = options["cmdclass"]["build_ext"](Distribution({"name": "ort-lazy", "ext_modules": [ext]}))
+    command.build_lib = str(tmp_path / ("editable-lib" if editable else "lib"))
+    command.editable_mode = editable
+    command.ensure_finalized()
+    return command, ext
+
+
+def test_builds_reuse_objects_only_of_the_same_torch_and_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Editable and wheel builds compile in the tree's ``build/temp.*``: one build finds the
+    objects of another of the same torch and flags there (ninja then recompiles only what
+    changed); other flags, another torch or objects without a record empty the directory
+    first, and the build is forced (setuptools would skip a library newer than its sources)."""
+    from torch.utils.cpp_extension import BuildExtension
+
+    monkeypatch.setattr(setup_py, "ROOT", tmp_path)
+    monkeypatch.chdir(tmp_path)  # an editable build's library goes to the working directory
+    found: list[list[str]] = []  # the objects each build found
+
+    def compile_and_link(self: Any, ext: Any) -> None:  # stands in for ninja and the linker
+        objects = Path(self.build_temp)
+        found.append(sorted(p.name for p in objects.glob("*.o")))
+        if found[-1] == []:
+            assert self.force
+        objects.mkdir(parents=True, exist_ok=True)
+        (objects / "bridge.o").write_text(json.dumps(ext.extra_compile_args))
+        library = Path(self.get_ext_fullpath(ext.name))
+        library.parent.mkdir(parents=True, exist_ok=True)
+        library.write_bytes(b"")
+
+    monkeypatch.setattr(BuildExtension, "build_extension", compile_and_link)
+
+    def build(editable: bool = False) -> None:
+        command, ext = _build_command(tmp_path, editable)
+        command.build_extension(ext)
+
+    editable, wheel = _build_command(tmp_path, editable=True)[0], _build_command(tmp_path)[0]
+    where = tmp_path / "build" / f"temp.{wheel.plat_name}-{sys.implementation.cache_tag}"
+    assert Path(editable.build_temp) == Path(wheel.build_temp) == where
+
+    build(editable=True)  # the first build: nothing to reuse
+    build()  # then the wheel: the editable build's objects
+    assert found == [[], ["bridge.o"]]
+    assert json.loads((where / "_bridge_build.json").read_text())["torch_version"] == torch.__version__
+
+    (where / "_bridge_build.json").unlink()  # objects nobody recorded: not trusted
+    build()
+    assert found[-1] == []
+
+    monkeypatch.setenv("ORT_LAZY_BUILD_CONFIG", "Debug")  # other flags: from an empty directory
+    build()
+    assert found[-1] == []
+    assert json.loads((where / "_bridge_build.json").read_text())["config"] == "Debug"
+    build()
+    assert found[-1] == ["bridge.o"]  # the same flags again: reused
+
+    with monkeypatch.context() as m:
+        m.setattr(torch, "__version__", "2.99.0+cpu")  # another torch, the same configuration
+        build()
+    assert found[-1] == []
+    assert "-DORT_LAZY_TORCH_VERSION=2.99.0+cpu" in (where / "bridge.o").read_text()
+
+
+@pytest.mark.full
+@needs_bridge
+@pytest.mark.skipif(not shutil.which("c++"), reason="no C++ compiler")
+def test_wheel_builds_recompile_only_when_flags_change(tmp_path: Path) -> None:
+    """For real, in a copy of the tree: a second wheel of the same flags compiles nothing (its
+    object is the first one's), a wheel of other flags compiles the bridge again."""
+    (tmp_path / "tree").mkdir()
+    tree = _copy_tree(tmp_path / "tree")
+
+    def wheel(config: str) -> tuple[int, dict[str, Any]]:
+        dist = tmp_path / f"dist-{config}-{len(list(tmp_path.glob('dist-*')))}"
+        out = subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "-q", "--no-build-isolation", "--no-deps", "-w", str(dist), str(tree)],
+            env={**os.environ, "ORT_LAZY_BUILD_BRIDGE": "1", "ORT_LAZY_BUILD_CONFIG": config},
+            capture_output=True, text=True, timeout=1800,
+        )
+        assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+        (built,) = dist.glob("*.whl")
+        record = json.loads(zipfile.ZipFile(built).read("ort_lazy/_bridge_build.json"))
+        (o,) = (tree / "build").glob("temp.*/cpp/bridge.o")
+        return o.stat().st_mtime_ns, record
+
+    first, record = wheel("Debug")
+    assert record["config"] == "Debug"
+    again, record = wheel("Debug")
+    assert again == first and record["config"] == "Debug"  # reused, not compiled
+    other, record = wheel("RelWithDebInfo")
+    assert other != first and record["config"] == "RelWithDebInfo"
+
+
 def test_openmp_flags_follow_torch() -> None:
     # Linux with an OpenMP torch: the bridge is built with OpenMP (it parks torch's workers)
     expected = ["-fopenmp"] if sys.platform.startswith("linux") and torch._C.has_openmp else []

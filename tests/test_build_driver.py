@@ -690,6 +690,7 @@ def test_switch_install_failure_restores_the_environment(sandbox: dict[str, Path
     assert not (sandbox["root"] / "work").exists()
 
 
+@pytest.mark.full
 def test_switch_succeeds(sandbox: dict[str, Path]) -> None:
     before = reset(sandbox, "onnxruntime==1.0")
     switch(sandbox, "onnxruntime-gpu", Recorder()).apply()
@@ -701,6 +702,7 @@ def test_switch_succeeds(sandbox: dict[str, Path]) -> None:
 
 
 @pytest.mark.skipif(os.name == "nt", reason="the stand-in nvcc is a POSIX shell script")
+@pytest.mark.full
 def test_build_py_use_cuda_unreachable_index_leaves_the_environment(
     sandbox: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -732,6 +734,7 @@ def openvino_switch(sandbox: dict[str, Path], runner: Recorder) -> Any:
     return dataclasses.replace(planned, runner=runner)
 
 
+@pytest.mark.full
 def test_openvino_switch_planned_from_onnxruntime_and_restored_on_failed_install(
     sandbox: dict[str, Path],
 ) -> None:
@@ -767,6 +770,7 @@ def test_openvino_switch_succeeds_and_switches_back(sandbox: dict[str, Path]) ->
     )
 
 
+@pytest.mark.full
 def test_build_py_use_openvino_without_the_wheel_leaves_the_environment(
     sandbox: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -790,6 +794,7 @@ def test_build_py_use_openvino_without_the_wheel_leaves_the_environment(
     assert build.installed(str(sandbox["py"])) == before and flavour(sandbox) == "cpu"
 
 
+@pytest.mark.full
 def test_plan_removes_only_installed_flavours(sandbox: dict[str, Path]) -> None:
     reset(sandbox, "onnxruntime-gpu==1.0")
     plan = dry_run("--skip_tests", python=str(sandbox["py"]))

@@ -3,6 +3,10 @@ pinned at its root: the decomposition choice, functionalization of no-grad graph
 MatMul/Transpose fusion, translations that are wrong for some arguments.
 
 Every check compares with eager PyTorch and says where the case ran (ORT or a named fallback).
+By default, checks parametrized over dtypes run one or two of them (float32, and the integer or
+half type the class of defect is about), and long lists of cases of one kind (NaN and infinities,
+values beyond float32, kinks, signed zeros ...) every third case; the rest is in the full tier
+(``--full-tier``).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import assert_close, captured_exports, compile_ort, take_sessions
+from helpers import assert_close, captured_exports, compile_ort, take_sessions, tiered
 from ort_lazy import metrics
 from ort_lazy.export.selects import LARGE_SELECT, SMALL_SELECT
 from ort_lazy.reasons import Reason
@@ -104,7 +108,7 @@ def test_decompositions_that_write_in_place_never_reach_the_graph(fn, shapes) ->
 # -- 2. no-grad graphs keep in-place writes --------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.int32, torch.bool])
+@pytest.mark.parametrize("dtype", tiered([torch.float32, torch.float64, torch.int64, torch.int32, torch.bool], [torch.float32, torch.int64]))
 def test_circular_padding_under_no_grad(dtype: torch.dtype) -> None:
     x = (torch.randn(2, 3, 6) * 10).to(dtype)
     c = parity(lambda t: F.pad(t, (2, 1), mode="circular"), x, no_grad=True)
@@ -134,7 +138,7 @@ def test_instance_and_batch_norm_update_running_stats_under_no_grad(training: bo
 # -- 3. ORT's MatMul/Transpose fusion with 1-D operands -------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("dtype", tiered(FLOATS, [torch.float32]))
 @pytest.mark.parametrize(
     "name,fn,shapes",
     [
@@ -157,7 +161,7 @@ def test_vector_products_train_like_eager(dtype: torch.dtype, name: str, fn, sha
 # -- 4. translations wrong for some arguments stay in PyTorch --------------------------------------
 
 
-@pytest.mark.parametrize("dims", [2, 3])
+@pytest.mark.parametrize("dims", tiered([2, 3], [2]))
 def test_avg_pool_divisor_override(dims: int) -> None:
     pool = F.avg_pool2d if dims == 2 else F.avg_pool3d
     x = torch.randn(2, 3, *([6] * dims))
@@ -172,7 +176,7 @@ def test_avg_pool_divisor_override(dims: int) -> None:
 
 
 @pytest.mark.parametrize("padding", ["valid", "same"])
-@pytest.mark.parametrize("dims", [1, 2, 3])
+@pytest.mark.parametrize("dims", tiered([1, 2, 3], [2]))
 def test_convolution_gradients_with_padding_by_name(dims: int, padding: str) -> None:
     """``padding="valid"`` records one padding for every spatial dim (``[0]``) in the gradient
     op; its decomposition read one per dim and failed, and the whole graph ran in PyTorch
@@ -206,7 +210,7 @@ def test_avg_pool_backward_with_windows_far_larger_than_the_input() -> None:
 
 
 @pytest.mark.parametrize("include_self", [True, False])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.int32])
+@pytest.mark.parametrize("dtype", tiered([torch.float32, torch.float64, torch.int64, torch.int32], [torch.float32]))
 def test_scatter_reduce_mean(include_self: bool, dtype: torch.dtype) -> None:
     index = torch.tensor([0, 1, 0, 1, 2, 0])
     base, src = (torch.randn(4) * 10).to(dtype), (torch.randn(6) * 10).to(dtype)
@@ -238,12 +242,12 @@ _SCATTER_CASES = [
 ]
 
 
-@pytest.mark.parametrize("name,fn,args", _SCATTER_CASES, ids=[c[0] for c in _SCATTER_CASES])
+@pytest.mark.parametrize("name,fn,args", tiered(_SCATTER_CASES, 3, unpack=True), ids=[c[0] for c in _SCATTER_CASES])
 def test_scatter_reductions_with_nan_and_infinities(name: str, fn, args) -> None:
     _assert_exact_on_ort(name, fn, args)
 
 
-@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("reduction", tiered(["mean", "sum", "none"], ["mean"]))
 @pytest.mark.parametrize("weighted", [False, True])
 def test_nll_loss_gradients(reduction: str, weighted: bool) -> None:
     torch.manual_seed(0)
@@ -356,7 +360,7 @@ _FACTORIES = {
 }
 
 
-@pytest.mark.parametrize("default", [torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("default", tiered([torch.float64, torch.float16, torch.bfloat16], [torch.float64]))
 @pytest.mark.parametrize("name", list(_FACTORIES))
 def test_factories_under_a_default_dtype_other_than_float32(name: str, default: torch.dtype) -> None:
     """``torch.set_default_dtype``: a factory without a dtype makes the default one, which the
@@ -377,7 +381,7 @@ _POWER_BASES = [3, 3, 7, -3, 2, 5, 0, 1, -1, -2, 0, 2]
 _POWER_EXPONENTS = [33, 39, 30, 41, 63, 3, 0, 5, 7, 0, 2, 31]
 
 
-@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("dtype", tiered([torch.int64, torch.int32], [torch.int64]))
 @pytest.mark.parametrize("exponent", [2, 3, 30, 35, 39, 63, 64, 1, 0, True])
 def test_integer_powers_with_a_constant_exponent_are_exact_on_ort(dtype: torch.dtype, exponent: int) -> None:
     """Products, not ORT's floating-point ``Pow``: exact past 2**53, wrapping on overflow."""
@@ -404,7 +408,7 @@ def test_integer_powers_of_tensor_exponents_are_exact(dtype: torch.dtype, form: 
     assert metrics.counters()["ort_runs"] == 1  # the product still ran on ORT
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype", tiered([torch.float64, torch.float32, torch.float16, torch.bfloat16], [torch.float32, torch.float16]))
 def test_random_draws_on_ort_in_every_float_dtype(dtype: torch.dtype) -> None:
     """``rand`` / ``randn`` run on ORT (its generator, not PyTorch's) with the right dtype and
     distribution; in float16 ORT refused the whole region before, in bfloat16 they stayed in
@@ -506,7 +510,7 @@ _EXTREME = [
 ]
 
 
-@pytest.mark.parametrize("name,fn,args", _EXTREME, ids=[c[0] for c in _EXTREME])
+@pytest.mark.parametrize("name,fn,args", tiered(_EXTREME, 3, unpack=True), ids=[c[0] for c in _EXTREME])
 def test_values_beyond_float32_are_exact(name: str, fn, args) -> None:
     _assert_exact_on_ort(name, fn, args)
 
@@ -575,7 +579,7 @@ _SIGN_CASES = [
 ]
 
 
-@pytest.mark.parametrize("name,fn,args", _SIGN_CASES, ids=[c[0] for c in _SIGN_CASES])
+@pytest.mark.parametrize("name,fn,args", tiered(_SIGN_CASES, 3, unpack=True), ids=[c[0] for c in _SIGN_CASES])
 def test_signed_zeros_keep_their_sign(name: str, fn, args) -> None:
     expected = fn(*args)
     got = compile_ort(fn)(*args)
@@ -649,7 +653,7 @@ _NAN_CASES = [
 
 
 @pytest.mark.usefixtures("exact_forms")
-@pytest.mark.parametrize("name,fn,args", _NAN_CASES, ids=[c[0] for c in _NAN_CASES])
+@pytest.mark.parametrize("name,fn,args", tiered(_NAN_CASES, 3, unpack=True), ids=[c[0] for c in _NAN_CASES])
 def test_nan_and_infinities_as_eager(name: str, fn, args) -> None:
     # max pooling with indices runs in PyTorch by default (torch_preferred_ops): its translation
     # is checked on ORT
@@ -705,15 +709,15 @@ def _cumulative_cases():
 _CUMULATIVE = list(_cumulative_cases())
 
 
-@pytest.mark.parametrize("name,fn,args", _CUMULATIVE, ids=[c[0] for c in _CUMULATIVE])
+@pytest.mark.parametrize("name,fn,args", tiered(_CUMULATIVE, 3, unpack=True), ids=[c[0] for c in _CUMULATIVE])
 def test_cumulative_ops_as_eager(name: str, fn, args) -> None:
     _assert_exact_on_ort(name, fn, args)
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("dtype", tiered([torch.float64, torch.float32], [torch.float32]))
 @pytest.mark.parametrize(
     "fn",
-    [lambda x: torch.cumprod(x, 1), lambda x: torch.cummax(x, 1)[0], lambda x: torch.cummin(x, 0)[0], lambda x: torch.logcumsumexp(x * 5, 1)],
+    tiered([lambda x: torch.cumprod(x, 1), lambda x: torch.cummax(x, 1)[0], lambda x: torch.cummin(x, 0)[0], lambda x: torch.logcumsumexp(x * 5, 1)], 3),
     ids=["cumprod", "cummax", "cummin", "logcumsumexp"],
 )
 def test_cumulative_ops_train(fn, dtype: torch.dtype) -> None:
@@ -748,7 +752,7 @@ _DISTANCE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("name,fn,args", _DISTANCE_CASES, ids=[c[0] for c in _DISTANCE_CASES])
+@pytest.mark.parametrize("name,fn,args", tiered(_DISTANCE_CASES, 3, unpack=True), ids=[c[0] for c in _DISTANCE_CASES])
 def test_distances_and_search_as_eager(name: str, fn, args) -> None:
     expected = fn(*args)
     got = compile_ort(fn)(*args)
@@ -779,7 +783,7 @@ _ORDER_CASES = [  # (name, fn, the dim reduced: None for the whole tensor)
 ]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.int64])
+@pytest.mark.parametrize("dtype", tiered([torch.float32, torch.float64, torch.float16, torch.int64], [torch.float32]))
 @pytest.mark.parametrize("name,fn,dim", _ORDER_CASES, ids=[c[0] for c in _ORDER_CASES])
 def test_order_statistics_as_eager(name: str, fn, dim, dtype: torch.dtype) -> None:
     if not dtype.is_floating_point and "NaN" in name:
@@ -823,7 +827,7 @@ def test_unfold_of_an_empty_batch() -> None:
 
 
 @pytest.mark.parametrize("fn", [torch.expm1, torch.log1p], ids=["expm1", "log1p"])
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("dtype", tiered([torch.float64, torch.float32], [torch.float32]), ids=str)
 def test_expm1_and_log1p_keep_the_sign_of_zero(fn, dtype) -> None:
     """Their lowerings keep x where the result is x (small arguments) by selecting it from
     Where's second branch behind a ``!=``; ORT's NotWhereFusion had swapped it first (+0.0 for
@@ -862,7 +866,7 @@ def _grad_and_input(dtype: torch.dtype, special: str, columns: int = 50) -> tupl
 @pytest.mark.parametrize("columns", [50, SMALL_SELECT // 6 + 1], ids=["small", "large"])
 @pytest.mark.parametrize("special", ["finite", "inf-nan", "inf", "overflow"])
 @pytest.mark.parametrize("threshold", [0.0, 0.5])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", tiered([torch.float32, torch.float64, torch.float16, torch.bfloat16], [torch.float32]), ids=str)
 def test_threshold_backward_bit_exact(dtype, threshold, special, columns) -> None:
     grad, x = _grad_and_input(dtype, special, columns)
     fn = lambda g, t: torch.ops.aten.threshold_backward(g, t, threshold)  # noqa: E731
@@ -1037,7 +1041,7 @@ def _nan_branch_pools(graphs: list) -> list[int]:
 
 @pytest.mark.usefixtures("exact_forms")
 @pytest.mark.parametrize("nan", [False, True], ids=["finite", "nan"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", tiered([torch.float32, torch.float64, torch.float16, torch.bfloat16], [torch.float32, torch.float16]), ids=str)
 def test_inference_max_pool_nan_rule_only_when_a_nan_is_there(dtype, nan) -> None:
     import onnx
 
@@ -1077,7 +1081,7 @@ _CHECKED_POOLS = [
 ]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("dtype", tiered([torch.float32, torch.float64], [torch.float32]), ids=str)
 @pytest.mark.parametrize("name,fn,shape,options", _CHECKED_POOLS, ids=[c[0] for c in _CHECKED_POOLS])
 def test_checked_max_pooling_runs_the_inputs_that_need_the_nan_rule_in_pytorch(name, fn, shape, options, dtype) -> None:
     import onnx
@@ -1237,7 +1241,7 @@ def _softmax_input(shape: tuple[int, ...], dtype: torch.dtype, masked: bool) -> 
 
 @pytest.mark.parametrize("masked", [False, True], ids=["no-masked-row", "masked-row"])
 @pytest.mark.parametrize("dim", [-1, 1])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", tiered([torch.float32, torch.float64, torch.float16, torch.bfloat16], [torch.float32, torch.float16]), ids=str)
 def test_safe_softmax_as_eager(dtype, dim, masked) -> None:
     x = _softmax_input((2, 3, 4, 5), dtype, masked)
     if dim != -1:
@@ -1319,7 +1323,7 @@ _ROUNDED_ONCE = {
 }
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", tiered([torch.float16, torch.bfloat16], [torch.float16]), ids=str)
 @pytest.mark.parametrize("name", list(_ROUNDED_ONCE))
 def test_half_precision_functions_are_computed_in_float32(name: str, dtype: torch.dtype) -> None:
     """Over [-10, 10] (2009 points), each result within twice eager's distance from a float64
@@ -1362,7 +1366,7 @@ _TAILS = {
 }
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", tiered([torch.float32, torch.float64, torch.float16, torch.bfloat16], [torch.float32]), ids=str)
 @pytest.mark.parametrize("name", list(_TAILS))
 def test_tails_keep_their_relative_accuracy(name: str, dtype: torch.dtype) -> None:
     """Values and gradients over [-120, 120] (2401 points), each within twice eager's distance
@@ -1450,9 +1454,13 @@ _KINKED = {
 
 @pytest.mark.parametrize(
     "name,dtype",
-    [(name, torch.float32) for name in _KINKED]
-    # float64 has its own lowerings of these (the rest share float32's)
-    + [(name, torch.float64) for name in ("relu6", "hardtanh", "hardtanh(0, 6)", "clamp", "elu", "logit(eps)")],
+    tiered([(name, torch.float32) for name in _KINKED], 3, unpack=True)
+    # float64 has its own lowerings of these (the rest share float32's): two by default
+    + tiered(
+        [(name, torch.float64) for name in ("relu6", "hardtanh", "hardtanh(0, 6)", "clamp", "elu", "logit(eps)")],
+        [("clamp", torch.float64), ("logit(eps)", torch.float64)],
+        unpack=True,
+    ),
     ids=str,
 )
 def test_gradients_at_kinks_bounds_and_ties_are_eager_s(name: str, dtype: torch.dtype) -> None:
@@ -1497,7 +1505,7 @@ _LOSSES = {
 }
 
 
-@pytest.mark.parametrize("name", list(_LOSSES))
+@pytest.mark.parametrize("name", tiered(list(_LOSSES), 3))
 def test_loss_gradients_at_nan_and_infinities_are_eager_s(name: str) -> None:
     """Losses and their gradients (input and target) where either holds NaN, +-inf, +-0 or a
     point on a branch bound, in the vectorized part and the tail of eager's kernels: a NaN
@@ -1536,7 +1544,7 @@ _FLOAT_POWER_BASES = torch.cat([
 ])
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", tiered([torch.float32, torch.float64, torch.bfloat16], [torch.float32]), ids=str)
 @pytest.mark.parametrize("exponent", [2, 3, 0.5, -0.5, -1, -2.0])
 def test_powers_eager_computes_without_pow_are_products_and_roots(exponent: float, dtype: torch.dtype) -> None:
     """Eager's ``pow`` computes these exponents as products, ``sqrt`` and a division; ORT's
@@ -1572,7 +1580,7 @@ _COMPOUND_HALF = {
 }
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", tiered([torch.float16, torch.bfloat16], [torch.float16]), ids=str)
 @pytest.mark.parametrize("name", list(_COMPOUND_HALF))
 def test_half_precision_compound_ops_round_once(name: str, dtype: torch.dtype) -> None:
     """``lerp`` (``end - start`` overflowed float16: inf where eager gives -45856), ``addcmul``

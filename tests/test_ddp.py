@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import forkserver
 from helpers import assert_close
 
 pytestmark = pytest.mark.skipif(
@@ -199,7 +200,7 @@ def run_ranks(worker: Callable[..., None], tmp_path: Path, *args: Any) -> list[d
     return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(WORLD_SIZE)]
 
 
-@pytest.mark.parametrize(("kind", "wrap"), [("mlp", "compile_ddp"), ("transformer", "ddp_compile")])
+@pytest.mark.parametrize(("kind", "wrap"), [("mlp", "compile_ddp"), pytest.param("transformer", "ddp_compile", marks=pytest.mark.full)])
 def test_ddp_compiled_matches_eager(kind: str, wrap: str, tmp_path: Path) -> None:
     """20 SGD steps of DDP on rank-specific data: ranks agree, ORT matches eager, ORT ran everywhere."""
     results = run_ranks(_ddp_worker, tmp_path, kind, wrap)
@@ -293,6 +294,7 @@ def _lazy_worker(rank: int, world_size: int, store: str, out_dir: str) -> None:
 
 
 @pytest.mark.bridge
+@pytest.mark.full
 def test_lazy_tensor_ddp_is_rejected(tmp_path: Path) -> None:
     """DDP on LazyTensor parameters fails at construction; gloo all_reduce on lazy tensors is a no-op."""
     error = _bridge_error()
@@ -319,6 +321,7 @@ def test_lazy_tensor_ddp_is_rejected(tmp_path: Path) -> None:
 METRICS_LINE = re.compile(r"\[rank (\d)\] ort-lazy: ort_runs=(\d+) [^[]*?fallback_ops=(\d+)")
 
 
+@pytest.mark.full
 def test_example_under_torchrun() -> None:
     """``examples/ddp_train.py`` under torchrun (2 ranks, gloo): exits 0, ORT ran on both ranks."""
     cmd = [
@@ -385,9 +388,7 @@ os._exit(0)
 def test_compiled_ddp_that_compiles_nothing_is_named(tmp_path: Path, form: str, compiles: bool, warns: bool) -> None:
     script = tmp_path / "run.py"
     script.write_text(_UNCOMPILED_DDP)
-    out = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "store"), form], capture_output=True, text=True, timeout=240, cwd=REPO
-    )
+    out = forkserver.run([sys.executable, str(script), str(tmp_path / "store"), form], timeout=240, cwd=REPO)
     assert out.returncode == 0, out.stderr[-3000:]
     graphs, flagged = (int(v) for v in re.search(r"RESULT (\d+) (\d+)", out.stdout).groups())
     assert (graphs > 0) == compiles and (flagged > 0) == warns, out.stdout

@@ -126,6 +126,7 @@ def test_nothing_is_unpickled(tmp_path):
     assert not (cache.root / f"{key}.json").exists()
 
 
+@pytest.mark.full
 def test_two_processes_compiling_at_once_leave_one_valid_entry(tmp_path):
     cache = tmp_path / "race"
     procs = [

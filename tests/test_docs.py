@@ -132,6 +132,21 @@ def _run(block: Block, namespace: dict[str, Any]) -> None:
         raise AssertionError(f"the block at {block.where} failed: {type(e).__name__}: {e}\n{out.getvalue()}") from e
 
 
+def _turn_front_doors_off() -> None:
+    """What a page turned on (``ort_lazy.lazy.init()``, ``ort_lazy.jit.enable()``) is turned
+    off: the pass stays on for later tests of the worker otherwise."""
+    from ort_lazy.runtime import bridge
+
+    if "lazy" in bridge.users():
+        import ort_lazy.lazy
+
+        ort_lazy.lazy.shutdown()
+    if "jit" in bridge.users():
+        import ort_lazy.jit
+
+        ort_lazy.jit.disable()
+
+
 @pytest.mark.parametrize("page", _runnable_pages(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_code_blocks_run(page: Path, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
@@ -142,15 +157,18 @@ def test_code_blocks_run(page: Path, request: pytest.FixtureRequest, tmp_path: P
     torch.manual_seed(0)
     namespace: dict[str, Any] = {"__name__": "__docs__"}
     skipped = []
-    for block in blocks(page):
-        if block.kind == "not run" or (block.kind == "full tier" and not full_tier):
-            skipped.append(f"{block.where} ({block.kind}: {block.reason})")
-            continue
-        if block.kind == "needs" and _bridge_error() is not None:
-            skipped.append(f"{block.where} (needs the bridge: {_bridge_error()})")
-            continue
-        _run(block, namespace)
-    torch._dynamo.reset()
+    try:
+        for block in blocks(page):
+            if block.kind == "not run" or (block.kind == "full tier" and not full_tier):
+                skipped.append(f"{block.where} ({block.kind}: {block.reason})")
+                continue
+            if block.kind == "needs" and _bridge_error() is not None:
+                skipped.append(f"{block.where} (needs the bridge: {_bridge_error()})")
+                continue
+            _run(block, namespace)
+    finally:
+        torch._dynamo.reset()
+        _turn_front_doors_off()
     if skipped and all(b.kind is not None for b in blocks(page)):
         pytest.skip("; ".join(skipped))
 

@@ -39,6 +39,7 @@ def test_8_threads_x_500_calls_all_correct():
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="RSS read from /proc")
+@pytest.mark.full
 def test_20000_calls_memory_flat():
     model = MLP(width=32, depth=2, out=8).eval()
     compiled = compile_ort(model)

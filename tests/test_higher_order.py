@@ -16,7 +16,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from helpers import assert_close, assert_ran_on_ort, compile_ort
+from helpers import assert_close, assert_ran_on_ort, compile_ort, tiered
 from ort_lazy.debug.records import recording
 from ort_lazy.reasons import Reason
 
@@ -166,7 +166,7 @@ def test_forward_matches_eager(name: str) -> None:
         assert len(tags) == len(set(tags)), tags
 
 
-@pytest.mark.parametrize("name", TRAINED)
+@pytest.mark.parametrize("name", tiered(TRAINED, 2))
 def test_gradients_match_eager(name: str) -> None:
     fn = CASES[name]
     ref = [t.clone().requires_grad_() for t in _inputs(name)]

@@ -16,6 +16,7 @@ from helpers import (
     captured_exports,
     compile_ort,
     take_sessions,
+    tiered,
     train_parity,
 )
 from ort_lazy import metrics
@@ -59,7 +60,7 @@ def test_strided_slices_are_left_to_torch() -> None:
     assert torch.equal(slices.slice_backward(base[::2], [6, 4], 0, 0, 6, 2), expected)
 
 
-@pytest.mark.parametrize("dynamic", [True, False])
+@pytest.mark.parametrize("dynamic", tiered([True, False], [True]))
 def test_select_slice_split_backward_stay_on_ort_with_changing_batch(dynamic: bool) -> None:
     from ort_lazy import metrics
 
@@ -318,7 +319,7 @@ def test_adaptive_avg_pool2d_backward_uneven_windows(size, out) -> None:
     torch.testing.assert_close(pooling.adaptive_avg_pool2d_backward(g, x), expected, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("size", [1, 8, 9], ids=lambda s: f"{s}x{s}")
+@pytest.mark.parametrize("size", tiered([1, 8, 9], [9]), ids=lambda s: f"{s}x{s}")
 def test_adaptive_pooling_to_uneven_windows_trains_on_ort(size: int) -> None:
     """VGG's head (pooling to 7 x 7, then a linear layer) on feature maps that 7 does not divide:
     the pooling's backward runs on ORT."""
@@ -332,7 +333,7 @@ def test_adaptive_pooling_to_uneven_windows_trains_on_ort(size: int) -> None:
     assert not any("adaptive_avg_pool2d" in op for op in metrics.fallbacks()), metrics.fallbacks()
 
 
-@pytest.mark.parametrize("dim", [0, 2])
+@pytest.mark.parametrize("dim", tiered([0, 2], [2]))
 def test_weight_norm_trains_on_ort(dim: int) -> None:
     """``weight_norm`` (wav2vec2's positional convolution: dim 2): its backward,
     ``_weight_norm_interface_backward``, runs on ORT; gradients of ``g`` and ``v`` as eager's."""

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from helpers import assert_close, assert_ran_on_ort
+from helpers import assert_close, assert_ran_on_ort, tiered
 from ort_lazy import metrics
 
 OPTIMIZERS: dict[str, Any] = {
@@ -62,7 +62,11 @@ def _state(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize(
     "name,foreach",
-    [(n, False) for n in OPTIMIZERS] + [(n, True) for n in FOREACH],
+    tiered(
+        [(n, False) for n in OPTIMIZERS] + [(n, True) for n in FOREACH],
+        [("sgd-momentum", False), ("adam", False), ("adagrad", False), ("adam", True)],  # the default run's
+        unpack=True,
+    ),
     ids=lambda v: v if isinstance(v, str) else ("foreach" if v else "for-loop"),
 )
 def test_compiled_step_matches_eager(name, foreach):

@@ -115,7 +115,7 @@ def _assert_on_ort() -> None:
     assert c["ort_runs"] >= 1 and c["fallback_ops"] == 0, metrics.fallbacks()
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.float64, marks=pytest.mark.full)], ids=["float32", "float64"])
 @pytest.mark.parametrize("name", NAMES)
 def test_polynomial_matches_eager(name: str, dtype: torch.dtype) -> None:
     fn = getattr(torch.special, name)

@@ -28,6 +28,7 @@ from helpers import (
     assert_ran_on_ort,
     captured_exports,
     compile_ort,
+    tiered,
     train_parity,
 )
 from ort_lazy import metrics
@@ -179,6 +180,7 @@ def test_symbolic_views_are_made_in_pytorch_too() -> None:
     assert not [f for f in _shape_op_outputs(models) if f[2] >= _LARGE or f[2] < 0], _shape_op_outputs(models)
 
 
+@pytest.mark.full
 def test_dynamic_training_regions_return_no_large_views() -> None:
     """A transformer layer trained on two batch sizes under dynamic shapes, its ReLU gradient in
     PyTorch between two backward regions: eager's gradients each time, and no region returns a
@@ -237,8 +239,14 @@ _LAYOUT_CUTS = {
 }
 
 
-@pytest.mark.parametrize("cut", list(_LAYOUT_CUTS))
-@pytest.mark.parametrize("model", list(_LAYOUT_MODELS))
+_LAYOUT_PAIRS = [(model, cut) for cut in _LAYOUT_CUTS for model in _LAYOUT_MODELS]
+#: every model and every cut once by default
+_LAYOUT_FAST = [("ConvNeXt blocks", "views"), ("channels-last network", "convolutions"), ("ConvNeXt blocks", "permute and view")]
+
+
+@pytest.mark.parametrize(
+    "model,cut", tiered(_LAYOUT_PAIRS, _LAYOUT_FAST, unpack=True), ids=[f"{m}-{c}" for m, c in _LAYOUT_PAIRS]
+)
 def test_pytorch_reads_region_outputs_in_the_traced_layout(model: str, cut: str) -> None:
     """ORT returns every value contiguous; PyTorch made some channels-last (a channels-last
     network, a ``permute`` back after a channels-last layer norm), and the graph's PyTorch ops

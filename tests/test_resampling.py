@@ -4,7 +4,8 @@ The OpInfo suite runs each op's first samples only; antialiased resampling with
 ``align_corners=True`` (ORT places its samples elsewhere: 0.4-1.7 off, silently) or by a scale
 that is not the ratio of the sizes (``scale_factor=0.75``, the translation used the ratio: 1.1
 off) was beyond them. Every combination either runs on ORT with eager's values or stays in PyTorch with its
-reason named.
+reason named. The default run takes every mode and option with two sizes (:data:`FAST_SIZES`);
+the full tier (``--full-tier``) every size.
 """
 
 from __future__ import annotations
@@ -47,6 +48,14 @@ SIZES = {
 
 SHAPES = {3: (2, 3, 11), 4: (2, 3, 10, 20), 5: (1, 2, 4, 6, 5)}
 
+#: the sizes every mode and option takes in the default run (a size, and a scale that is not
+#: the ratio of the sizes); the others are in the full tier
+FAST_SIZES = {
+    1: [dict(size=7), dict(scale_factor=2.5, recompute_scale_factor=True)],
+    2: [dict(size=(7, 13)), dict(scale_factor=0.75)],
+    3: [dict(size=(3, 7, 5)), dict(scale_factor=(0.5, 1.5, 1.0))],
+}
+
 
 def _cases() -> list[Any]:
     cases = []
@@ -58,7 +67,8 @@ def _cases() -> list[Any]:
             if align is not None:
                 kwargs["align_corners"] = align
             name = "-".join([mode, *(f"{k}={v}" for k, v in kwargs.items() if k != "mode")]).replace(" ", "")
-            cases.append(pytest.param(rank, kwargs, id=name))
+            marks = [] if size in FAST_SIZES[rank - 2] else [pytest.mark.full]
+            cases.append(pytest.param(rank, kwargs, id=name, marks=marks))
     return cases
 
 

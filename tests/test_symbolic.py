@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import tiered
 from ort_lazy import metrics
 
 FLOATS = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
@@ -65,7 +66,7 @@ def _check(got: torch.Tensor, want: torch.Tensor, exact: torch.Tensor | None) ->
         assert diff == 0, diff
 
 
-@pytest.mark.parametrize("name,dtype", PARAMS)
+@pytest.mark.parametrize("name,dtype", tiered(PARAMS, 2, unpack=True))
 def test_symbolic_numbers_on_ort(name: str, dtype: torch.dtype) -> None:
     fn = CASES[name][0]
     torch._dynamo.reset()
@@ -137,7 +138,7 @@ RETURNED_VIEWS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 @pytest.mark.parametrize("dynamic", [True, None], ids=["dynamic", "automatic"])
 @pytest.mark.parametrize("grad", [False, True], ids=["no-grad", "grad"])
-@pytest.mark.parametrize("name", list(RETURNED_VIEWS))
+@pytest.mark.parametrize("name", tiered(list(RETURNED_VIEWS), 2))
 def test_returned_views_of_inputs_with_symbolic_sizes(name: str, grad: bool, dynamic: bool | None) -> None:
     """A graph returning a view of its input (beside work on ORT), over three input sizes:
     ``dynamic=True``, and the automatic dynamic shapes a second size brings. The view is

@@ -398,6 +398,7 @@ def test_a_thread_trial_called_from_several_threads_ends_once_with_right_results
 
 
 @linux_openmp
+@pytest.mark.full
 def test_training_regions_park_torch_workers_whatever_their_size(two_torch_threads: Any) -> None:
     """134 MFLOP: two ORT threads, too short a run to park in an inference graph, but a training
     graph's runs park (PyTorch's work between its regions leaves its workers busy-waiting)."""

@@ -43,8 +43,10 @@ ENV_VARIABLES = {
     "ORT_LAZY_BUILD_BRIDGE": "setup.py: 0 installs without the compiled bridge",
     "ORT_LAZY_BUILD_CONFIG": "setup.py: the bridge's build type (Release, RelWithDebInfo, Debug)",
     "ORT_LAZY_ZOO_FULL": "tests: run the whole model zoo",
-    "ORT_LAZY_OPINFO": "tests: the OpInfo suite's cases (fast, full or off)",
+    "ORT_LAZY_FULL_TIER": "tests: run the full tier (every test marked full, the whole zoo, every OpInfo case)",
+    "ORT_LAZY_OPINFO": "tests: the OpInfo cases (fast, full or off)",
     "ORT_LAZY_OPINFO_FLAVOUR": "tests: the onnxruntime flavour the OpInfo suite is checked as",
+    "ORT_LAZY_TEST_FORKSERVER": "tests: 0 starts every test process as a new interpreter (tests/forkserver.py)",
     "ORT_LAZY_TEST_WHEEL": "tests: the wheel build.py built for the packaging tests",
 }
 

@@ -48,7 +48,7 @@ from zoo_runs import (
     training,
 )
 
-from helpers import assert_close, cuda_ready, cuda_sessions, max_rel_error
+from helpers import assert_close, cuda_ready, cuda_sessions, max_rel_error, tiered
 from ort_lazy import metrics
 from ort_lazy.reasons import Reason
 
@@ -108,9 +108,25 @@ NOT_RUN: dict[tuple[str, str], str] = {
 
 
 #: test kinds whose fast subset is smaller than :data:`FAST` (the others run with --zoo-full):
-#: a dynamic batch costs 30-40 s per model, and the decoder is the case with the most
-#: batch-dependent shapes (causal mask, positions, cache-free attention)
-FAST_BY_KIND: dict[str, tuple[str, ...]] = {"dynamic": ("gpt2",), "layout_split": ("convnext", "bert")}
+#: the plain inference and training runs take every model of :data:`FAST`; their variants
+#: (regions split, int8, float16, eval mode, the layout ops in PyTorch) one model each, the
+#: families between them. Variants whose option has its own tests in the default run are in
+#: the full tier only: a dynamic batch (30-40 s per model; test_dynamo.py runs dynamic shapes
+#: through a small GPT, a CNN and more), a warm disk cache (test_disk_cache.py reloads in a
+#: second process), fast math (test_fast_math.py), frozen weights (test_dynamo.py) and the
+#: debug run type (test_debug.py).
+FAST_BY_KIND: dict[str, tuple[str, ...]] = {
+    "dynamic": (),
+    "layout_split": ("convnext",),
+    "split": ("bert",),
+    "disk_cache": (),
+    "training_eval_mode": ("resnet",),
+    "debug": (),
+    "fast_math": (),
+    "int8": ("gpt2",),
+    "freeze_weights": (),
+    "fp16": ("gpt2",),
+}
 
 
 def _params(kind: str) -> list:
@@ -450,7 +466,7 @@ def _on_cuda_provider(run: Run) -> None:
     cuda_sessions()
 
 
-@pytest.mark.parametrize("name", ("bert", "gpt2", "resnet"))
+@pytest.mark.parametrize("name", tiered(("bert", "gpt2", "resnet"), ["gpt2"]))
 def test_gpu_lowering_on_cpu(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     """The GPU's inference lowering (attention through the math path, weights copied into the
     model), taken with CPU tensors: the CPU checks what the CUDA run then relies on, for every

@@ -73,7 +73,7 @@ def _completed(run: dict) -> dict:
     [
         _param("cnn_maxpool"),
         _param("transformer"),
-        _param("cnn_avgpool"),
+        _param("cnn_avgpool", full=True),
         _param("transformer_block", full=True),
     ],
     scope="module",
@@ -94,7 +94,7 @@ def test_lazy_sgd_matches_cpu(name: str) -> None:
     [
         _param("cnn_maxpool"),
         _param("transformer"),
-        _param("cnn_avgpool"),
+        _param("cnn_avgpool", full=True),
         _param("transformer_block", full=True),
     ],
     scope="module",

@@ -20,7 +20,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make ``opinfo`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from opinfo.selection import FAST, RANDOM_OPS, fast_pairs  # noqa: E402
+from opinfo.selection import FAST_GROUPS, RANDOM_OPS, fast_cases, fast_groups  # noqa: E402
 from opinfo.table import DIRECTIONS, DTYPES, FLAVOURS, TABLE, Entry, Key, kind, read_expectations, read_table  # noqa: E402
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "COVERAGE.md"
@@ -90,21 +90,31 @@ def _flavour_rows(flavours: Mapping[str, Mapping[Key, Entry]]) -> list[str]:
         if name not in flavours:
             continue
         version, providers = PROVEN[name]
-        pairs = ", ".join(f"{d} {r}" for d, r in fast_pairs(name))
+        pairs = _fast_subset(name)
         differing = sum(1 for key, e in flavours[name].items() if flavours["standard"].get(key) != e)
         out.append(f"| {name} | {version} | {providers} | {pairs} | {differing} |")
     out += [
         "",
-        "Each flavour on the same cases, the standard fast subset (" + ", ".join(f"{d} {r}" for d, r in FAST) + "; one sample):",
+        f"Each flavour on the same cases, the standard fast subset ({_fast_subset('standard')}; one sample):",
         "",
         "| flavour | cases | ort | fallback | xfail | no compute | skip |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
+    standard_fast = fast_cases(flavours["standard"])
     for name in FLAVOURS:
         if name in flavours:
-            statuses = [e.expected(1) for (_, d, r), e in flavours[name].items() if (d, r) in FAST]
+            statuses = [e.expected(1) for key, e in flavours[name].items() if key in standard_fast]
             out.append(_row([name], statuses))
     return out
+
+
+def _fast_subset(flavour: str) -> str:
+    """``flavour``'s fast subset in words (see ``selection.fast_groups``)."""
+    forward, backward = fast_groups(flavour)
+    parts = [f"float32 forward of {len(forward)}/{FAST_GROUPS} of the ops"] if forward else []
+    if backward:
+        parts.append(f"float32 backward of {len(backward)}/{FAST_GROUPS}")
+    return ", ".join(parts)
 
 
 def render(entries: Mapping[Key, Entry], flavours: Mapping[str, Mapping[Key, Entry]] | None = None) -> str:
@@ -150,7 +160,8 @@ def render(entries: Mapping[Key, Entry], flavours: Mapping[str, Mapping[Key, Ent
         out.append(_row(["**all**", f"**{direction}**"], statuses))
     out.append(_row(["**all**", "**all**"], [e.status for e in entries.values()]))
 
-    fast = [e.expected(1) for (_, d, r), e in entries.items() if (d, r) in FAST]
+    fast_keys = fast_cases(entries)
+    fast = [e.expected(1) for key, e in entries.items() if key in fast_keys]
     ops = {op for op, _, _ in entries}
     ort_ops = {op for (op, _, _), e in entries.items() if e.status == "ort"}
     out += [

@@ -40,13 +40,12 @@ from ort_lazy.debug.records import GraphRecord, recording
 from ort_lazy.reasons import Reason
 from ort_lazy.runtime.session import session_cache
 
-from .selection import FAST, RANDOM_OPS, TIE_OPS, fast_pairs
+from .selection import RANDOM_OPS, TIE_OPS, fast_cases
 from .table import DIRECTIONS, DTYPES
 
 __all__ = [
     "Case",
     "CaseResult",
-    "FAST",
     "RANDOM_OPS",
     "TOLERANCES",
     "all_cases",
@@ -145,9 +144,8 @@ def _directions(op: Any, dtype: str) -> list[str]:
 
 
 def all_cases(mode: str = "full", flavour: str = "standard") -> list[Case]:
-    """The cases of ``mode`` (``full``, or ``fast``: :func:`~.selection.fast_pairs` of
+    """The cases of ``mode`` (``full``, or ``fast``: :func:`~.selection.fast_cases` of
     ``flavour``) in a deterministic order."""
-    fast = fast_pairs(flavour)
     cases = []
     for key, op in opinfos().items():
         if key in RANDOM_OPS:
@@ -157,9 +155,10 @@ def all_cases(mode: str = "full", flavour: str = "standard") -> list[Case]:
             if TORCH_DTYPES[dtype] not in supported:
                 continue
             for direction in _directions(op, dtype):
-                if mode == "fast" and (dtype, direction) not in fast:
-                    continue
                 cases.append(Case(key, dtype, direction))
+    if mode == "fast":
+        fast = fast_cases((c.key for c in cases), flavour)
+        cases = [c for c in cases if c.key in fast]
     return cases
 
 

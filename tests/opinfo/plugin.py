@@ -32,9 +32,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--opinfo",
         choices=MODES,
-        default=os.environ.get("ORT_LAZY_OPINFO", "fast"),
-        help="OpInfo parity cases: fast (default: every op, one sample, float32/int64/bool forward and "
-        "float32 backward), full (every dtype and direction, two samples) or off",
+        default=os.environ.get("ORT_LAZY_OPINFO") or None,
+        help="OpInfo parity cases: fast (the default: one float32 case, forward or backward, of half of "
+        "the ops, one sample), full (every op, dtype and direction, two samples; the default with "
+        "--full-tier) or off",
     )
     group.addoption("--opinfo-update", action="store_true", help="rewrite the expectations of the cases that ran")
     group.addoption("--opinfo-samples", type=int, default=None, help="samples per case (default: fast 1, full 2)")
@@ -88,12 +89,21 @@ def flavour(config: pytest.Config) -> str:
     return _flavours["run"]
 
 
+def mode(config: pytest.Config) -> str:
+    """The OpInfo mode of this run: ``--opinfo`` (``ORT_LAZY_OPINFO``), else ``full`` in the
+    full tier (``--full-tier``) and ``fast`` otherwise."""
+    chosen = config.getoption("--opinfo")
+    if chosen:
+        return chosen
+    return "full" if config.getoption("--full-tier", default=False) else "fast"
+
+
 def samples(config: pytest.Config) -> int:
     """Samples per case for this run."""
     explicit = config.getoption("--opinfo-samples")
     if explicit:
         return int(explicit)
-    return 2 if config.getoption("--opinfo") == "full" else 1
+    return 2 if mode(config) == "full" else 1
 
 
 def _case_key(nodeid: str) -> Key | None:

@@ -6,7 +6,7 @@ then regenerate the table). See ``harness.py`` for what a case runs and compares
 for the table, and ``docs/COVERAGE.md`` (``python tests/opinfo/coverage.py``) for the summary.
 
     pytest tests/opinfo                                   # fast subset (the default)
-    pytest tests/opinfo --opinfo=full -n 2                # every case
+    pytest tests/opinfo --opinfo=full -n 2                # every case (as --full-tier runs it)
     pytest tests/opinfo --opinfo=full --shards 4 --shard 1
     pytest tests/opinfo --opinfo=full --opinfo-update -n 1   # rewrite the table from the run
 
@@ -35,7 +35,7 @@ _TABLES: dict[str, dict[Key, Entry]] = {}
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "case" not in metafunc.fixturenames:
         return
-    mode = metafunc.config.getoption("--opinfo")
+    mode = plugin.mode(metafunc.config)
     cases = [] if mode == "off" else harness.all_cases(mode, plugin.flavour(metafunc.config))
     metafunc.parametrize("case", cases, ids=[c.id for c in cases])
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from . import coverage, harness
-from .selection import FAST, fast_pairs
+from .selection import FAST_BACKWARD, FAST_FORWARD, fast_groups
 from .table import (
     TABLE,
     Entry,
@@ -105,10 +105,10 @@ def test_a_flavour_table_holds_only_what_differs_and_overlays_the_main_one(tmp_p
 
 
 def test_flavours_fast_subsets() -> None:
-    assert fast_pairs() == FAST == fast_pairs("training")
-    assert fast_pairs("openvino") == (("float32", "forward"),)
-    assert {c.dtype for c in harness.all_cases("fast", "openvino")} == {"float32"}
-    assert len(harness.all_cases("fast", "openvino")) < len(harness.all_cases("fast")) / 2
+    assert fast_groups() == (FAST_FORWARD, FAST_BACKWARD) == fast_groups("training")
+    openvino = harness.all_cases("fast", "openvino")
+    assert {(c.dtype, c.direction) for c in openvino} == {("float32", "forward")}
+    assert len(openvino) < len(harness.all_cases("fast"))
 
 
 def test_coverage_page_compares_the_flavours(tmp_path: Path) -> None:

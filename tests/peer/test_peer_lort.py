@@ -72,6 +72,7 @@ def test_elementwise_model(ltm) -> None:
     assert c["export_failures"] == 0 and c["ort_failures"] == 0, metrics.report()
 
 
+@pytest.mark.full
 def test_mnist_model() -> None:
     src = str(Path(ort_lazy.__file__).resolve().parents[1])
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORT_LAZY_")}

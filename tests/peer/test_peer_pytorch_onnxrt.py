@@ -276,7 +276,7 @@ def _run_llama_piece(model: nn.Module, example_args_collection: Sequence[Any], t
     _assert_dynamic_input_and_output_shapes_in_all_onnx_models(models)
 
 
-@pytest.mark.parametrize("test_backward", [False, True])
+@pytest.mark.parametrize("test_backward", [False, pytest.param(True, marks=pytest.mark.full)])
 def test_llama_attention_with_local_backend(test_backward: bool) -> None:
     from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
 
@@ -296,7 +296,7 @@ def test_llama_attention_with_local_backend(test_backward: bool) -> None:
     _run_llama_piece(LlamaAttentionWrapper(config).eval(), example_args_collection, test_backward)
 
 
-@pytest.mark.parametrize("test_backward", [False, True])
+@pytest.mark.parametrize("test_backward", [pytest.param(False, marks=pytest.mark.full), True])
 def test_llama_decoder_with_local_backend(test_backward: bool) -> None:
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
@@ -316,6 +316,7 @@ def test_llama_decoder_with_local_backend(test_backward: bool) -> None:
     _run_llama_piece(LlamaDecoderWrapper(config).eval(), example_args_collection, test_backward)
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("test_backward", [False, True])
 def test_llama_with_local_backend(test_backward: bool) -> None:
     from transformers.models.llama.modeling_llama import LlamaModel
