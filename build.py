@@ -8,7 +8,8 @@ virtual environment with the pinned dependencies and runs the tests or the demo.
 Run it with any Python the package supports (``requires-python`` in pyproject.toml). Unless it
 already runs inside a virtual environment (or ``--no_venv`` is given), it creates ``.venv``
 next to this file, installs the pinned dependencies there and re-runs itself with that
-interpreter, so one command does all set-up.
+interpreter, so one command does all set-up. ``--venv DIR`` names another environment, which is
+used even when this runs inside an active one.
 
 Examples::
 
@@ -144,7 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g = p.add_argument_group("environment")
     g.add_argument(
-        "--venv", default=str(ROOT / ".venv"), help="virtual environment to create/use (default: .venv)"
+        "--venv",
+        default=None,
+        help="virtual environment to create/use (default: .venv, or the one this runs in; named, it is "
+        "used even from inside another one)",
     )
     g.add_argument(
         "--no_venv", action="store_true", help="use the running interpreter as is (CI images, conda envs)"
@@ -289,6 +293,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--cuda_version must look like 12.6, got {args.cuda_version!r}")
     if args.cuda_home is not None and not args.use_cuda:
         p.error("--cuda_home needs --use_cuda")
+    args.venv_named = args.venv is not None
+    if args.venv_named and args.no_venv:
+        p.error("--venv and --no_venv exclude each other")
+    if args.venv is None:
+        args.venv = str(ROOT / ".venv")
     return args
 
 
@@ -304,7 +313,15 @@ def venv_python(venv: Path) -> Path:
 
 
 def uses_venv(args: argparse.Namespace) -> bool:
-    return not args.no_venv and not in_venv()
+    """Whether the plan runs in ``args.venv`` (re-executed there) rather than this interpreter:
+    not with ``--no_venv``; a ``--venv`` named on the command line unless this already runs in it
+    (an activated environment must not take a second one's packages, e.g. the OpenVINO flavour in
+    place of ``onnxruntime``); else ``.venv`` unless this runs in some virtual environment."""
+    if args.no_venv:
+        return False
+    if args.venv_named:
+        return Path(sys.prefix).resolve() != Path(args.venv).resolve()
+    return not in_venv()
 
 
 def target_python(args: argparse.Namespace) -> str:

@@ -806,3 +806,19 @@ def test_plan_removes_only_installed_flavours(sandbox: dict[str, Path]) -> None:
     assert dry_run("--use_openvino", python=str(sandbox["py"]))["switch"] is None
     reset(sandbox, "onnxruntime==1.0")
     assert dry_run(python=str(sandbox["py"]))["switch"] is None
+
+
+def test_a_named_venv_is_used_from_inside_another(tmp_path: Path) -> None:
+    """The suite's interpreter runs in a virtual environment: without --venv the plan runs in it;
+    a named --venv is created and used instead (the OpenVINO flavour never replaces the active
+    environment's onnxruntime), and from inside that one the plan runs there without re-executing."""
+    assert sys.prefix != sys.base_prefix, "the suite runs in a virtual environment"
+    assert dry_run("--skip_deps")["venv"] is None
+    other = tmp_path / "other"
+    assert dry_run("--skip_deps", "--venv", str(other))["venv"] == str(other)
+    assert dry_run("--skip_deps", "--venv", sys.prefix)["venv"] is None
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "build.py"), "--dry_run", "--no_venv", "--venv", str(other)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 2 and "--venv and --no_venv exclude each other" in out.stderr
