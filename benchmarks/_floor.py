@@ -173,9 +173,12 @@ def _ortvalue(tensor: torch.Tensor) -> Any:
 
 def _clamp_ir(model_bytes: bytes) -> bytes:
     try:
-        from ort_lazy.runtime.session import _clamp_ir_version
+        from ort_lazy.runtime.session_create import _clamp_ir_version
     except ImportError:  # pragma: no cover - older layouts
-        return model_bytes
+        try:
+            from ort_lazy.runtime.session import _clamp_ir_version
+        except ImportError:
+            return model_bytes
     return _clamp_ir_version(model_bytes)
 
 

@@ -118,7 +118,7 @@ def _ort_call(kernel: Kernel, inputs: Sequence[torch.Tensor], out: torch.Tensor,
     so.intra_op_num_threads = threads
     so.log_severity_level = 3
     # the onnx package may write a newer IR version than the installed ORT reads (onnxruntime-openvino 1.24: 13)
-    from ort_lazy.runtime.session import _clamp_ir_version
+    from ort_lazy.runtime.session_create import _clamp_ir_version
 
     sess = ort.InferenceSession(_clamp_ir_version(kernel.onnx_model()), sess_options=so, providers=["CPUExecutionProvider"])
     binding = sess.io_binding()

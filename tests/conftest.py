@@ -96,7 +96,7 @@ def _fresh_metrics():
     """Every test starts with zeroed counters, no cached ORT sessions and no kept exports."""
     from ort_lazy import metrics
     from ort_lazy.export.cache import clear_shared_models
-    from ort_lazy.runtime.session import session_cache
+    from ort_lazy.runtime.session_cache import session_cache
 
     metrics.reset()
     session_cache().clear()

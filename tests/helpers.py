@@ -46,7 +46,7 @@ def assert_close(actual: Any, expected: Any, rtol: float = 1e-4, atol: float = 1
 
 def take_sessions() -> list[Any]:
     """The ORT sessions the session cache holds, which it then drops."""
-    from ort_lazy.runtime.session import session_cache
+    from ort_lazy.runtime.session_cache import session_cache
 
     cache = session_cache()
     sessions = [v[0] for v in cache._items.values()]

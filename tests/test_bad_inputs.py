@@ -160,7 +160,8 @@ def test_runner_refuses_tensors_ort_cannot_read():
         from ort_lazy.export.fx import export_graph
         from ort_lazy.options import Options
         from ort_lazy.runtime.region import OrtRegion
-        from ort_lazy.runtime.session import OrtInputError, OrtRunError, OrtRunner
+        from ort_lazy.runtime.session import OrtRunner
+        from ort_lazy.runtime.session_create import OrtInputError, OrtRunError
         gm = make_fx(lambda t: torch.sin(t) * 2, tracing_mode="fake")(torch.randn(4))
         model = export_graph(gm, "sin")
         runner = OrtRunner(model, Options(), torch.device("cpu"))

@@ -156,7 +156,7 @@ def _ddp_worker(rank: int, world_size: int, store: str, out_dir: str, kind: str,
     # would fail the rank; the interpreter's native teardown is skipped: gloo's worker threads
     # can abort it under load ("terminate called without an active exception", a PyTorch
     # teardown race). A full natural exit is test_example_under_torchrun's.
-    from ort_lazy.runtime.session import session_cache
+    from ort_lazy.runtime.session_cache import session_cache
 
     session_cache().clear()
     _phase(out_dir, rank, "ort-lazy released")
@@ -374,7 +374,7 @@ dist.destroy_process_group()
 # as in the training ranks above: ort-lazy's own teardown runs here, then the interpreter's
 # native teardown is skipped (gloo's worker threads can abort it under load, "terminate called
 # without an active exception": once in about 60 runs of this script, a PyTorch teardown race)
-from ort_lazy.runtime.session import session_cache
+from ort_lazy.runtime.session_cache import session_cache
 session_cache().clear()
 import os
 os._exit(0)

@@ -10,7 +10,7 @@ import torch
 
 from helpers import assert_ran_on_ort, compile_ort, run_in_threads
 from ort_lazy.models import MLP
-from ort_lazy.runtime.session import session_cache
+from ort_lazy.runtime.session_cache import session_cache
 
 pytestmark = pytest.mark.slow
 

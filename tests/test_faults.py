@@ -15,6 +15,7 @@ from ort_lazy import metrics, partition
 from ort_lazy.export import cache as export_cache
 from ort_lazy.export.fx import ExportError
 from ort_lazy.runtime import session as session_mod
+from ort_lazy.runtime.session_create import OrtRunError
 
 
 def model(x):
@@ -50,7 +51,7 @@ def test_unexpected_export_bug_falls_back(monkeypatch):
 
 def test_session_creation_raises_falls_back(monkeypatch, caplog):
     def boom(*a, **k):
-        raise session_mod.OrtRunError("injected session failure")
+        raise OrtRunError("injected session failure")
 
     monkeypatch.setattr(session_mod, "create_session", boom)
     x = torch.randn(6)

@@ -222,11 +222,12 @@ def test_export_failure_falls_back_once_warned(ort_jit, monkeypatch, caplog):
 
 
 def test_session_failure_falls_back(ort_jit, monkeypatch, caplog):
-    from ort_lazy.runtime import region, session
+    from ort_lazy.runtime import region
+    from ort_lazy.runtime.session_create import OrtRunError
 
     class Broken:
         def __init__(self, *args, **kwargs):
-            raise session.OrtRunError("injected session failure")
+            raise OrtRunError("injected session failure")
 
     monkeypatch.setattr(region, "OrtRunner", Broken)
 

@@ -78,3 +78,36 @@ def test_layer_contract_is_kept() -> None:
         for lg, was in disabled.items():
             lg.disabled = was
     assert code == 0, "a module imports from a layer above its own (run `lint-imports` for details)"
+
+
+#: the most lines a module of ``src/ort_lazy`` may have: past it, split it by topic into sibling
+#: modules (their public names re-exported where they were imported from)
+MAX_MODULE_LINES = 800
+#: modules allowed past :data:`MAX_MODULE_LINES`, by path under ``src/ort_lazy``, each a generated
+#: table, with the reason. None today: the special functions' coefficient tables
+#: (``lowering/special_coefficients.py``) are kept by hand and well within the bound.
+LONG_MODULES: dict[str, str] = {}
+
+
+def _long_modules(package: Path, limit: int, allowed: dict[str, str]) -> tuple[dict[str, int], list[str]]:
+    """The modules under ``package`` past ``limit`` lines that ``allowed`` does not name (with
+    their line counts), and the names in ``allowed`` that are no module past it (to drop)."""
+    counts = {p.relative_to(package).as_posix(): len(p.read_text().splitlines()) for p in sorted(package.rglob("*.py"))}
+    long = {name: n for name, n in counts.items() if n > limit and name not in allowed}
+    stale = sorted(name for name in allowed if counts.get(name, 0) <= limit)
+    return long, stale
+
+
+def test_modules_stay_within_the_line_bound() -> None:
+    long, stale = _long_modules(ROOT / "src" / "ort_lazy", MAX_MODULE_LINES, LONG_MODULES)
+    assert long == {}, f"modules past {MAX_MODULE_LINES} lines (split each by topic): {long}"
+    assert stale == [], f"LONG_MODULES names modules within the bound (or gone): {stale}"
+
+
+def test_line_bound_finds_a_long_module(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "short.py").write_text("x = 1\n" * 3)
+    (tmp_path / "sub" / "long.py").write_text("x = 1\n" * 5)
+    (tmp_path / "table.py").write_text("x = 1\n" * 5)
+    allowed = {"table.py": "generated", "short.py": "generated once"}
+    assert _long_modules(tmp_path, 4, allowed) == ({"sub/long.py": 5}, ["short.py"])

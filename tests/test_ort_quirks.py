@@ -14,17 +14,20 @@ from onnx import TensorProto, helper
 
 from helpers import assert_close, assert_ran_on_ort, aten_graph, captured_exports, compile_ort, train_parity
 from ort_lazy.runtime.flavour import max_ir_version
-from ort_lazy.runtime.quirks import (
+from ort_lazy.runtime.kernel_fixes import KERNEL_FIXES_FACT, kernel_fixes
+from ort_lazy.runtime.known_bugs import (
     AVERAGE_POOL_PADDED_DIVISOR,
-    DOUBLE_LOG_SOFTMAX_NAN,
     INT64_REDUCTIONS_IN_DOUBLE_SINCE,
-    KERNEL_FIXES_FACT,
-    MATMUL_TRANSPOSE_FUSION,
-    MATMUL_TRANSPOSES_FACT,
-    NOT_WHERE_FUSION,
     NOT_WHERE_FUSION_SINCE,
     OPENVINO_REDUCE_MAX_LOWEST,
     POOL_CEIL_EXTRA_WINDOW,
+    has_bug,
+)
+from ort_lazy.runtime.quirks import (
+    DOUBLE_LOG_SOFTMAX_NAN,
+    MATMUL_TRANSPOSE_FUSION,
+    MATMUL_TRANSPOSES_FACT,
+    NOT_WHERE_FUSION,
     SIGMOID_APPROXIMATION,
     SKIP_LAYER_NORM_FUSION,
     WHERE_DROPS_NEGATIVE_ZERO,
@@ -32,8 +35,6 @@ from ort_lazy.runtime.quirks import (
     disabled_optimizers,
     exact_sigmoid,
     fuse_matmul_transposes,
-    has_bug,
-    kernel_fixes,
 )
 
 

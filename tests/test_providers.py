@@ -254,7 +254,7 @@ def test_nodes_per_provider_reach_metrics_and_explain() -> None:
 
 
 def test_provider_errors_keep_the_providers_own_words() -> None:
-    from ort_lazy.runtime.session import _provider_error
+    from ort_lazy.runtime.session_create import _provider_error
 
     long = "[ONNXRuntimeError] : 1 : FAIL : Exception during initialization: " + "x" * 400
     text = _provider_error(RuntimeError(long + "\nFrontEnd API failed:\nUnsupported input type dynamic\n\n"))
@@ -397,9 +397,10 @@ def test_a_region_a_provider_refuses_says_why_in_explain(monkeypatch: pytest.Mon
     """A session a provider refuses: the region runs in PyTorch (eager's values), and ``explain``
     gives the provider's own words for it."""
     from ort_lazy.runtime import session as session_mod
+    from ort_lazy.runtime.session_create import OrtRunError
 
     def refuse(*args: Any, **kwargs: Any) -> Any:
-        raise session_mod.OrtRunError(
+        raise OrtRunError(
             "ORT session creation failed for r: [ONNXRuntimeError] : 1 : FAIL : ... | "
             "While validating ONNX node '<Node(Conv)>': The input data tensor's rank has to be known (static)"
         )

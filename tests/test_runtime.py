@@ -13,7 +13,9 @@ from ort_lazy import metrics
 from ort_lazy.export.fx import export_graph
 from ort_lazy.options import Options
 from ort_lazy.runtime import flavour
-from ort_lazy.runtime.session import OrtRunner, SessionCache, TensorSpec
+from ort_lazy.runtime.session import OrtRunner
+from ort_lazy.runtime.session_cache import SessionCache
+from ort_lazy.specs import TensorSpec
 
 
 def _traced(fn, *example):
@@ -125,7 +127,7 @@ def test_session_on_tensor_memory_ends_with_the_tensor():
     version counter, is never served that session's stale packed weights."""
     import gc
 
-    from ort_lazy.runtime.session import session_cache
+    from ort_lazy.runtime.session_cache import session_cache
 
     w = torch.randn(8, 8)
     gm = _traced(lambda x, w: x @ w, torch.ones(2, 8), w)
@@ -217,13 +219,13 @@ def test_ir_version_within_installed_ort():
 
 
 def test_ir_version_clamped_for_training_flavour(monkeypatch):
-    from ort_lazy.runtime import session
+    from ort_lazy.runtime import session_create
 
-    monkeypatch.setattr(session, "max_ir_version", lambda: 9)
+    monkeypatch.setattr(session_create, "max_ir_version", lambda: 9)
     runner_model = _runner(lambda x: x * 2, torch.zeros(2)).model
     import onnx
 
-    clamped = session._clamp_ir_version(runner_model.model_bytes)
+    clamped = session_create._clamp_ir_version(runner_model.model_bytes)
     assert onnx.load_from_string(clamped).ir_version == 9
 
 
@@ -287,14 +289,14 @@ def test_cuda_provider_options_follow_torch(monkeypatch, allow_tf32):
     """The CUDA provider runs on torch's current stream and uses TF32 exactly when torch's
     float32 products may (ORT's default is on); explicit provider options win. (Runs without a
     GPU: the options are built from torch's settings; tests/test_cuda.py checks them on one.)"""
-    from ort_lazy.runtime import session as session_mod
+    from ort_lazy.runtime import session_create
 
     monkeypatch.setattr(torch.cuda, "current_stream", lambda index=None: _FakeStream())
     before = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high" if allow_tf32 else "highest")
     try:
-        opts = session_mod.provider_options_for("CUDAExecutionProvider", Options(), torch.device("cuda", 1))
-        assert session_mod.cuda_tf32() is allow_tf32
+        opts = session_create.provider_options_for("CUDAExecutionProvider", Options(), torch.device("cuda", 1))
+        assert session_create.cuda_tf32() is allow_tf32
     finally:
         torch.set_float32_matmul_precision(before)
     assert opts == {
@@ -304,25 +306,25 @@ def test_cuda_provider_options_follow_torch(monkeypatch, allow_tf32):
         "use_tf32": "1" if allow_tf32 else "0",
     }
     mine = Options(provider_options={"CUDAExecutionProvider": {"use_tf32": 1, "device_id": 0}})
-    opts = session_mod.provider_options_for("CUDAExecutionProvider", mine, torch.device("cuda", 1))
+    opts = session_create.provider_options_for("CUDAExecutionProvider", mine, torch.device("cuda", 1))
     assert opts["use_tf32"] == "1" and opts["device_id"] == "0"
     # CPU sessions get none of it
-    assert session_mod.provider_options_for("CPUExecutionProvider", Options(), torch.device("cpu")) == {}
+    assert session_create.provider_options_for("CPUExecutionProvider", Options(), torch.device("cpu")) == {}
 
 
 def test_cuda_default_stream_named_explicitly(monkeypatch):
     """torch's default stream reports the handle 0, which ORT reads as "no stream given" (it then
     runs on a stream of its own, unordered with torch's: wrong results on a GPU); the session
     gets cudaStreamLegacy, the same stream by its explicit name. Other streams pass unchanged."""
-    from ort_lazy.runtime import session as session_mod
+    from ort_lazy.runtime import session_create
 
     class _Default:
         cuda_stream = 0
 
     monkeypatch.setattr(torch.cuda, "current_stream", lambda index=None: _Default())
-    opts = session_mod.provider_options_for("CUDAExecutionProvider", Options(), torch.device("cuda", 0))
-    assert opts["user_compute_stream"] == str(session_mod.CUDA_STREAM_LEGACY) == "1"
-    assert session_mod.ort_stream_handle(0) == 1 and session_mod.ort_stream_handle(1234) == 1234
+    opts = session_create.provider_options_for("CUDAExecutionProvider", Options(), torch.device("cuda", 0))
+    assert opts["user_compute_stream"] == str(session_create.CUDA_STREAM_LEGACY) == "1"
+    assert session_create.ort_stream_handle(0) == 1 and session_create.ort_stream_handle(1234) == 1234
 
 
 def test_gpu_inference_weight_modes():
@@ -393,7 +395,7 @@ def test_gpu_inference_traces_attention_through_math():
 def test_off_host_initializers_refused_not_crashing():
     """A session handed an external initializer outside host memory raises (the region falls
     back) instead of letting ORT dereference a device pointer."""
-    from ort_lazy.runtime.session import OrtRunError, create_session
+    from ort_lazy.runtime.session_create import OrtRunError, create_session
 
     model = export_graph(_traced(lambda x, w: x @ w, torch.ones(2, 2), torch.ones(2, 2)), "offhost")
     with pytest.raises(OrtRunError, match="host memory"):
@@ -408,7 +410,7 @@ def test_tf32_switch_read_from_either_torch_api():
 
     code = """
 import torch
-from ort_lazy.runtime.session import cuda_tf32
+from ort_lazy.runtime.session_create import cuda_tf32
 seen = [cuda_tf32()]
 torch.backends.cuda.matmul.fp32_precision = "tf32"
 seen.append(cuda_tf32())

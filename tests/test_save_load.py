@@ -29,8 +29,8 @@ from torch.export import Dim
 import ort_lazy
 from ort_lazy import cli, metrics
 from ort_lazy.models import MLP
-from ort_lazy.runtime import artifact as art
-from ort_lazy.runtime.artifact import ArtifactError
+from ort_lazy.runtime import artifact_format
+from ort_lazy.runtime.artifact_format import ArtifactError
 from ort_lazy.specs import parse_dim
 from saved_runs import check_in_fresh_process, eager_calls, env
 
@@ -79,7 +79,7 @@ def test_mlp_round_trip_in_a_fresh_process(mlp_artifact: tuple[Path, torch.nn.Mo
 
 def test_mixed_model_round_trip_in_a_fresh_process(mixed_artifact: tuple[Path, torch.nn.Module], tmp_path: Path) -> None:
     path, model = mixed_artifact
-    summary = art.summary(path)
+    summary = artifact_format.summary(path)
     assert "aten.cumsum.default" in summary["ops_in_pytorch"]
     assert len(summary["regions"]) == 2
     calls = eager_calls(model, [((torch.randn(4, 16),), {}), ((torch.randn(9, 16),), {})])
@@ -266,10 +266,10 @@ def test_versions_it_cannot_honour(mlp_artifact: tuple[Path, torch.nn.Module], m
     src = mlp_artifact[0]
 
     def newer_layout(m: dict[str, Any]) -> None:
-        m["format_version"] = art.FORMAT_VERSION + 1
+        m["format_version"] = artifact_format.FORMAT_VERSION + 1
 
     def newer_opset(m: dict[str, Any]) -> None:
-        m["regions"][0]["opsets"][""] = max(art.ORT_FOR_OPSET) + 1
+        m["regions"][0]["opsets"][""] = max(artifact_format.ORT_FOR_OPSET) + 1
         m["versions"]["onnxruntime"] = "99.0.0"
 
     def newer_ir(m: dict[str, Any]) -> None:

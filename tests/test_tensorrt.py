@@ -30,8 +30,11 @@ from ort_lazy.export.fx import export_graph
 from ort_lazy.options import OptionsError
 from ort_lazy.runtime import providers as eps
 from ort_lazy.runtime import session as session_mod
-from ort_lazy.runtime import tensorrt
-from ort_lazy.runtime.session import OrtInputError, OrtRunError, OrtRunner, TensorSpec
+from ort_lazy.runtime import session_create, tensorrt
+from ort_lazy.runtime.session import OrtRunner
+from ort_lazy.runtime.session_cache import session_cache
+from ort_lazy.runtime.session_create import OrtInputError, OrtRunError
+from ort_lazy.specs import TensorSpec
 
 TRT, CUDA, CPU = "TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"
 _CPU_DEVICE = torch.device("cpu")
@@ -252,22 +255,22 @@ def test_provider_options_on_cuda(monkeypatch, tmp_path, caplog):
     ``use_tf32``: ORT's TensorRT provider has no such option; said once when torch forbids
     TF32), then its caches; CPU sessions get none of it."""
     monkeypatch.setattr(torch.cuda, "current_stream", lambda index=None: _Stream())
-    monkeypatch.setattr(session_mod, "cuda_tf32", lambda: False)
+    monkeypatch.setattr(session_create, "cuda_tf32", lambda: False)
     options = Options(providers="tensorrt", cache_dir=str(tmp_path))
     with caplog.at_level(logging.WARNING, logger="ort_lazy"):
-        opts = session_mod.provider_options_for(TRT, options, torch.device("cuda", 1), _model())
-        session_mod.provider_options_for(TRT, options, torch.device("cuda", 1), _model())
+        opts = session_create.provider_options_for(TRT, options, torch.device("cuda", 1), _model())
+        session_create.provider_options_for(TRT, options, torch.device("cuda", 1), _model())
     assert opts["device_id"] == "1"
     assert opts["has_user_compute_stream"] == "1" and opts["user_compute_stream"] == "4321"
     assert "use_tf32" not in opts
     assert opts["trt_engine_cache_enable"] == "1"
     assert caplog.text.count("TF32") == 1
-    cuda = session_mod.provider_options_for(CUDA, options, torch.device("cuda", 1))
+    cuda = session_create.provider_options_for(CUDA, options, torch.device("cuda", 1))
     assert cuda["user_compute_stream"] == "4321" and cuda["use_tf32"] == "0"
     mine = Options(providers="tensorrt", provider_options={"tensorrt": {"device_id": 0, "user_compute_stream": "9"}})
-    opts = session_mod.provider_options_for(TRT, mine, torch.device("cuda", 1), _model())
+    opts = session_create.provider_options_for(TRT, mine, torch.device("cuda", 1), _model())
     assert opts["device_id"] == "0" and opts["user_compute_stream"] == "9"
-    cpu = session_mod.provider_options_for(TRT, options, _CPU_DEVICE, _model())
+    cpu = session_create.provider_options_for(TRT, options, _CPU_DEVICE, _model())
     assert "device_id" not in cpu and "user_compute_stream" not in cpu
 
 
@@ -288,7 +291,7 @@ class _Sessions:
     def __init__(self, refuse=lambda profile: False) -> None:
         self.profiles: list[Any] = []
         self.refuse = refuse
-        self.real = session_mod.create_session
+        self.real = session_create.create_session
 
     def __call__(self, model, options, device, spinning, threads=None, initializers=None, profile=None):
         self.profiles.append(profile)
@@ -325,7 +328,7 @@ def test_runner_builds_the_profile_at_the_first_call_and_widens_it(monkeypatch):
         "trt_profile_max_shapes": f"{name}:26x6",
     }
     assert metrics.counters()["trt_profile_rebuilds"] == 1
-    assert first_key not in session_mod.session_cache() and runner.cache_key in session_mod.session_cache()
+    assert first_key not in session_cache() and runner.cache_key in session_cache()
     for n in (2, 26):
         x = torch.randn(n, 3)
         assert_close(runner.run([x])[0], (x * 2).sum(0))
@@ -455,15 +458,15 @@ def test_session_without_tensorrt_is_made_again_with_our_options(monkeypatch, ca
     from ort_lazy.runtime import flavour
 
     fake = _FallingBackOrt(flavour.onnxruntime())
-    monkeypatch.setattr(session_mod, "onnxruntime", lambda: fake)
+    monkeypatch.setattr(session_create, "onnxruntime", lambda: fake)
     monkeypatch.setattr(tensorrt, "onnxruntime", lambda: fake)
     monkeypatch.setattr(tensorrt, "_unusable", {})
     monkeypatch.setattr(tensorrt, "_library_names", lambda: ["/nonexistent/libnvinfer.so.10"])
     model = _symbolic_model(lambda x: x * 3, torch.randn(4, 2))
     options = Options(providers="tensorrt", provider_options={"cuda": {"arena_extend_strategy": "kSameAsRequested"}})
     with caplog.at_level(logging.WARNING, logger="ort_lazy"):
-        sess, made, _ = session_mod.create_session(model, options, _CPU_DEVICE, False)
-        session_mod.create_session(model, options, _CPU_DEVICE, False)
+        sess, made, _ = session_create.create_session(model, options, _CPU_DEVICE, False)
+        session_create.create_session(model, options, _CPU_DEVICE, False)
     assert made == (CUDA, CPU)
     assert [providers for providers, _ in fake.calls] == [[TRT, CUDA, CPU], [CUDA, CPU], [CUDA, CPU]]
     assert fake.calls[1][1][0] == {"arena_extend_strategy": "kSameAsRequested"}  # ours, not ORT's bare fallback

@@ -297,7 +297,7 @@ def test_thread_trial_range() -> None:
 
 
 def test_region_in_trial_range_runs_both_thread_counts_and_keeps_the_winner(two_torch_threads: Any) -> None:
-    from ort_lazy.runtime.session import session_cache
+    from ort_lazy.runtime.session_cache import session_cache
 
     torch.manual_seed(0)
     model, x = _mlp(), torch.randn(32, 256)

@@ -96,11 +96,11 @@ def __getattr__(name: str) -> Any:
 
         return importlib.import_module(f".{name}", __name__)
     if name == "ArtifactError":
-        from .runtime.artifact import ArtifactError
+        from .runtime.artifact_format import ArtifactError
 
         return ArtifactError
     if name == "SaveError":
-        from .frontends.save import SaveError
+        from .frontends.save_capture import SaveError
 
         return SaveError
     raise AttributeError(f"module 'ort_lazy' has no attribute {name!r}")

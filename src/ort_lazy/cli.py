@@ -428,7 +428,7 @@ def _cmd_save(args: argparse.Namespace) -> int:
 
 
 def _print_artifact(path: str, as_json: bool) -> int:
-    from .runtime.artifact import ArtifactError, summary
+    from .runtime.artifact_format import ArtifactError, summary
 
     try:
         data = summary(path)

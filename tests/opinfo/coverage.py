@@ -80,7 +80,7 @@ def _flavour_rows(flavours: Mapping[str, Mapping[Key, Entry]]) -> list[str]:
         "(`ORT_LAZY_PROVIDERS`); each flavour is checked against `tests/opinfo/expectations.tsv` overlaid",
         "with its own table, `expectations-<flavour>.tsv`, which holds the cases whose status differs there",
         "(another fallback reason, a kernel that version lacks). Proven versions, the ones the tables were",
-        "made with (other versions are not checked; `src/ort_lazy/runtime/quirks.py` says per known",
+        "made with (other versions are not checked; `src/ort_lazy/runtime/known_bugs.py` says per known",
         "onnxruntime bug which versions have it):",
         "",
         "| flavour | onnxruntime | providers | fast subset in CI | differing cases |",

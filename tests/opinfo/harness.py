@@ -38,7 +38,7 @@ import torch.utils._pytree as pytree
 from ort_lazy import metrics
 from ort_lazy.debug.records import GraphRecord, recording
 from ort_lazy.reasons import Reason
-from ort_lazy.runtime.session import session_cache
+from ort_lazy.runtime.session_cache import session_cache
 
 from .selection import RANDOM_OPS, TIE_OPS, fast_cases
 from .table import DIRECTIONS, DTYPES

@@ -13,7 +13,7 @@ the ONNX type ``FLOAT`` and its translations assume Python constants for ``Scala
 :func:`typed_symbolic_scalars` rewrites such uses before translation: a ``Scalar`` overload
 becomes its ``Tensor`` overload, and the number becomes ``scalar_tensor(n, dtype)`` of the type
 the op computes in, and a symbolic float enters the graph as a float64 input
-(``export.fx._double_symbolic_inputs``), so float64 ops read eager's double.
+(``export.promotion._double_symbolic_inputs``), so float64 ops read eager's double.
 """
 
 from __future__ import annotations

@@ -133,7 +133,7 @@ def session_refusal(model_bytes: bytes, providers: Sequence[str]) -> str | None:
     would compile every probe)."""
     from .flavour import onnxruntime
     from .providers import kernel_providers
-    from .session import _clamp_ir_version
+    from .session_create import _clamp_ir_version
 
     ort = onnxruntime()
     so = ort.SessionOptions()

@@ -5,7 +5,7 @@ files go, ``"profile_file_prefix": "/tmp/run"``) record every node run;
 :func:`kernel_time_by_provider` ends their profiling and sums the node times by the provider
 that ran each node. A provider that compiles its share into one fused node (OpenVINO's
 ``OpenVINO-EP-subgraph_N``) counts as that node's time. Each session's profile ends at the first
-call: profile again with new sessions (``ort_lazy.runtime.session.session_cache().clear()``).
+call: profile again with new sessions (``ort_lazy.runtime.session_cache.session_cache().clear()``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from .session import session_cache
+from .session_cache import session_cache
 
 __all__ = ["kernel_time_by_provider", "profile_files", "read_profile"]
 

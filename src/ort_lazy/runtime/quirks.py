@@ -12,13 +12,28 @@ ONNX models) and, for OpenVINO's provider, found on onnxruntime-openvino 1.24.1.
 wrong-number entries hold on every CPU wheel from 1.19 to 1.32 (checked the same way); the speed
 entries were measured on 1.32. :func:`kernel_fixes` rewrites a model around the version-keyed
 kernel bugs of the installed onnxruntime and the providers that run it.
+
+The version-keyed table is in :mod:`~ort_lazy.runtime.known_bugs`, :func:`kernel_fixes` in
+:mod:`~ort_lazy.runtime.kernel_fixes`; both are importable from here as well.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+
+from .kernel_fixes import KERNEL_FIXES_FACT, kernel_fixes
+from .known_bugs import (
+    AVERAGE_POOL_PADDED_DIVISOR,
+    INT64_REDUCTIONS_IN_DOUBLE_SINCE,
+    KNOWN_BUGS,
+    NOT_WHERE_FUSION_SINCE,
+    OPENVINO_REDUCE_MAX_LOWEST,
+    POOL_CEIL_EXTRA_WINDOW,
+    KnownBug,
+    has_bug,
+)
+from .onnx_graphs import _graphs, _subgraphs, _types_and_shapes, _uses, _value_types
 
 if TYPE_CHECKING:
     from ..specs import OrtModel
@@ -164,47 +179,6 @@ def _is_sigmoid(node: Any) -> bool:
     return node.op_type == SIGMOID_APPROXIMATION and node.domain in ("", "ai.onnx")
 
 
-def _subgraphs(node: Any) -> list[Any]:
-    """The graphs ``node`` holds in its attributes (If's branches, Loop's body)."""
-    return [g for attr in node.attribute for g in ((attr.g,) if attr.HasField("g") else attr.graphs)]
-
-
-def _value_types(proto: Any) -> dict[str, int]:
-    """ONNX element type of each value of ``proto``'s graphs that inference can tell."""
-    return _types_and_shapes(proto)[0]
-
-
-def _types_and_shapes(proto: Any, infer: bool = True) -> tuple[dict[str, int], dict[str, tuple[int | None, ...]]]:
-    """ONNX element type and shape (None for a dim it cannot tell) of each value of ``proto``'s
-    graphs that inference can tell (``infer=False``: that the model itself records)."""
-    import onnx
-
-    if infer:
-        try:
-            proto = onnx.shape_inference.infer_shapes(proto)
-        except Exception:  # untyped values are left alone by the rewrites
-            pass
-    types: dict[str, int] = {}
-    shapes: dict[str, tuple[int | None, ...]] = {}
-
-    def collect(graph: Any) -> None:
-        for init in graph.initializer:
-            types[init.name] = init.data_type
-            shapes[init.name] = tuple(init.dims)
-        for value in (*graph.input, *graph.value_info, *graph.output):
-            ttype = value.type.tensor_type
-            if ttype.elem_type:
-                types[value.name] = ttype.elem_type
-            if ttype.HasField("shape"):
-                shapes[value.name] = tuple(d.dim_value if d.HasField("dim_value") else None for d in ttype.shape.dim)
-        for node in graph.node:
-            for sub in _subgraphs(node):
-                collect(sub)
-
-    collect(proto.graph)
-    return types, shapes
-
-
 def fuse_matmul_transposes(
     model_bytes: bytes, providers: Sequence[str] = ("CPUExecutionProvider",)
 ) -> tuple[bytes, bool]:
@@ -245,15 +219,6 @@ def fuse_matmul_transposes(
 
         metrics.warn_once(f"matmul_transposes:{type(e).__name__}", "ort-lazy: transposed products left to ORT: %s", e)
         return model_bytes, False
-
-
-def _graphs(graph: Any) -> list[Any]:
-    """``graph`` and the graphs its nodes hold, depth first."""
-    found = [graph]
-    for node in graph.node:
-        for sub in _subgraphs(node):
-            found += _graphs(sub)
-    return found
 
 
 def _last_two_swapped(node: Any) -> int:
@@ -322,20 +287,6 @@ def _fuse_transposes(graph: Any, found: list[tuple[Any, bool]]) -> None:
     if len(kept) != len(graph.node):
         del graph.node[:]
         graph.node.extend(kept)
-
-
-def _uses(graph: Any) -> dict[str, int]:
-    """How often each name is read in ``graph``: node inputs (those of subgraphs too) and outputs."""
-    uses: dict[str, int] = {}
-    for node in graph.node:
-        for name in node.input:
-            uses[name] = uses.get(name, 0) + 1
-        for sub in _subgraphs(node):
-            for name, count in _uses(sub).items():
-                uses[name] = uses.get(name, 0) + count
-    for out in graph.output:
-        uses[out.name] = uses.get(out.name, 0) + 1
-    return uses
 
 
 def _exact_sigmoids(graph: Any, types: dict[str, int], counter: list[int]) -> int:
@@ -496,307 +447,3 @@ def missing_at_run_time(node: Any, provider: str) -> bool:
         return False
     low = (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
     return any(v is not None and v.dtype in low for v in node.inputs)
-
-
-# ------------------------------------------------------------------ version-keyed kernel bugs
-
-_CPU = "CPUExecutionProvider"
-_OPENVINO = "OpenVINOExecutionProvider"
-
-#: (first version with the bug, first version without it): None for "every version ort-lazy
-#: takes" (1.19 on) and "no version tried so far"
-VersionRange = tuple[tuple[int, int] | None, tuple[int, int] | None]
-
-
-@dataclasses.dataclass(frozen=True)
-class KnownBug:
-    """An onnxruntime kernel bug and where it is: per execution provider, the versions that have it.
-
-    Attributes:
-        name: what goes wrong, in a few words.
-        versions: provider -> (first version with the bug or None, first version without it or
-            None); a provider not listed has no such bug.
-    """
-
-    name: str
-    versions: Mapping[str, VersionRange]
-
-    def applies(self, providers: Sequence[str], version: tuple[int, int]) -> bool:
-        """Whether a session on ``providers`` (any of which may run a node) of onnxruntime
-        ``version`` meets the bug."""
-        for provider in providers:
-            span = self.versions.get(provider)
-            if span is None:
-                continue
-            first, fixed = span
-            if (first is None or version >= first) and (fixed is None or version < fixed):
-                return True
-        return False
-
-
-#: :data:`INT64_REDUCTIONS_IN_DOUBLE` by version (the integer lowerings are exact on every version)
-INT64_REDUCTIONS_IN_DOUBLE_SINCE = KnownBug("int64 ReduceSum/ReduceProd computed in double", {_CPU: ((1, 27), None)})
-
-#: :data:`NOT_WHERE_FUSION` by version (the optimizer is turned off on every version: it saves one Not)
-NOT_WHERE_FUSION_SINCE = KnownBug("NotWhereFusion moves a -0.0 to Where's first branch", {_CPU: ((1, 25), None)})
-
-#: ``MaxPool``/``AveragePool`` with ``ceil_mode=1`` keep a last window that starts past the input
-#: and its leading padding, which ONNX and PyTorch drop: one output too many along that dim (9
-#: rows, kernel 1, stride 3: 4 where PyTorch gives 3), every 1-3-D pooling with that geometry.
-#: onnxruntime's CPU provider before 1.21.0 (1.19 and 1.20 checked), and OpenVINO's provider
-#: (onnxruntime-openvino 1.24.1; no fixed version known). :func:`kernel_fixes` cuts the outputs to
-#: ONNX's shape (a ``Slice``; the windows before it are right).
-POOL_CEIL_EXTRA_WINDOW = KnownBug(
-    "ceil-mode pooling keeps a window starting past the padded input", {_CPU: (None, (1, 21)), _OPENVINO: (None, None)}
-)
-
-#: ``AveragePool`` with ``count_include_pad=1`` divides by the wrong count: onnxruntime's CPU
-#: provider before 1.21 divides a ceil-mode window that passes the padded input by the whole
-#: kernel (PyTorch and ONNX: by its part inside the padded input); 1.21-1.24 get windows wrong
-#: when the pads differ between spatial dims (kernel 6x6, stride 3, pads 2x3 on 9x9: 0.08 off;
-#: ``avg_pool2d(ceil_mode=True, divisor_override=2)``, whose lowering pools with padding
-#: counted: 3.7 and 7.3 off); OpenVINO's provider (onnxruntime-openvino 1.24.1) as before 1.21,
-#: for padded inputs. Fixed in 1.25.0 (bisected with the CPU wheels of 1.19-1.32). ``count_include_pad=0``
-#: is right on all of them: :func:`kernel_fixes` pools without the padding counted and multiplies
-#: each window by (its elements inside the input) / (its elements inside the padded input), a
-#: constant of the output's spatial shape.
-AVERAGE_POOL_PADDED_DIVISOR = KnownBug(
-    "AveragePool's count_include_pad divisor", {_CPU: (None, (1, 25)), _OPENVINO: (None, None)}
-)
-
-#: OpenVINO's float32 ``ReduceMax`` of elements that are all ``-inf`` gives the lowest finite float
-#: (-3.4e38), not ``-inf`` (onnxruntime-openvino 1.24.1; float16 is right, float64 runs on the CPU
-#: provider): ``aten._safe_softmax`` took such rows (every attention's masked rows) for unmasked
-#: ones and gave NaN where eager gives 0. (Its ``ReduceMin`` of only ``+inf`` gives the largest
-#: finite float likewise, so ``-ReduceMin(-x)`` is no way round.) :func:`kernel_fixes` puts
-#: ``-inf`` where every reduced element is ``-inf``: a ``Where`` on a second ``ReduceMax``, of
-#: the 0/1 mask of the elements that are not (exact, NaN kept).
-OPENVINO_REDUCE_MAX_LOWEST = KnownBug("float32 ReduceMax of only -inf gives -3.4e38", {_OPENVINO: (None, None)})
-
-#: the bugs :func:`kernel_fixes` rewrites models around
-_FIXED_BY_REWRITE = (POOL_CEIL_EXTRA_WINDOW, AVERAGE_POOL_PADDED_DIVISOR, OPENVINO_REDUCE_MAX_LOWEST)
-
-#: :attr:`~ort_lazy.specs.OrtModel.facts` entry of a model :func:`kernel_fixes` has seen already
-#: (at export), so opening a session need not parse it again
-KERNEL_FIXES_FACT = "kernel_fixes"
-
-KNOWN_BUGS: tuple[KnownBug, ...] = (INT64_REDUCTIONS_IN_DOUBLE_SINCE, NOT_WHERE_FUSION_SINCE, *_FIXED_BY_REWRITE)
-
-
-def has_bug(bug: KnownBug, providers: Sequence[str] = (_CPU,), version: tuple[int, int] | None = None) -> bool:
-    """Whether a session on ``providers`` of onnxruntime ``version`` (default: the installed one)
-    meets ``bug``."""
-    if version is None:
-        from .flavour import ort_version
-
-        version = ort_version()
-    return bug.applies(providers, version)
-
-
-def kernel_fixes(model_bytes: bytes, providers: Sequence[str] = (_CPU,), version: tuple[int, int] | None = None) -> bytes:
-    """``model_bytes`` rewritten around the kernel bugs a session on ``providers`` of onnxruntime
-    ``version`` (default: the installed one) meets (:data:`POOL_CEIL_EXTRA_WINDOW`,
-    :data:`AVERAGE_POOL_PADDED_DIVISOR`, :data:`OPENVINO_REDUCE_MAX_LOWEST`); the same bytes
-    when it meets none or the model has no node concerned.
-
-    Raises:
-        ValueError: a pooling that needs the rewrite has an input of unknown spatial shape (the
-            region then runs in PyTorch: ORT's result would be wrong).
-    """
-    bugs = [bug for bug in _FIXED_BY_REWRITE if has_bug(bug, providers, version)]
-    pools = any(b in bugs for b in (POOL_CEIL_EXTRA_WINDOW, AVERAGE_POOL_PADDED_DIVISOR)) and b"Pool" in model_bytes
-    maxima = OPENVINO_REDUCE_MAX_LOWEST in bugs and b"ReduceMax" in model_bytes
-    if not (pools or maxima):
-        return model_bytes
-    import onnx
-
-    proto = onnx.load_from_string(model_bytes)
-    graphs = _graphs(proto.graph)
-    types, shapes = _types_and_shapes(proto, infer=False)
-    concerned = [
-        name
-        for g in graphs
-        for n in g.node
-        if n.op_type in ("MaxPool", "AveragePool", "ReduceMax") and n.domain in ("", "ai.onnx")
-        for name in n.input[:1]
-    ]
-    if any(name not in types or None in shapes.get(name, (None,)) for name in concerned):
-        # inference from the inputs alone: a translator's recorded shape may have unknown dims
-        bare = onnx.ModelProto()
-        bare.CopyFrom(proto)
-        for g in _graphs(bare.graph):
-            del g.value_info[:]
-        inferred_types, inferred_shapes = _types_and_shapes(bare)
-        types = {**inferred_types, **types}
-        for name, dims in inferred_shapes.items():
-            if None in shapes.get(name, (None,)) and None not in dims:
-                shapes[name] = dims
-    counter = [0]
-    changed = 0
-    for graph in graphs:
-        changed += _fix_kernels(graph, bugs, types, shapes, counter)
-    return proto.SerializeToString() if changed else model_bytes
-
-
-def _fix_kernels(
-    graph: Any, bugs: list[KnownBug], types: dict[str, int], shapes: dict[str, tuple[int | None, ...]], counter: list[int]
-) -> int:
-    """Rewrite the nodes of ``graph`` (not its subgraphs) concerned by ``bugs``; the number rewritten."""
-    nodes: list[Any] = []
-    changed = 0
-    for node in graph.node:
-        nodes.append(node)
-        if node.domain not in ("", "ai.onnx"):
-            continue
-        extra: list[Any] = []
-        if node.op_type in ("MaxPool", "AveragePool"):
-            extra = _fix_pool(graph, node, bugs, types, shapes, counter)
-        elif node.op_type == "ReduceMax" and OPENVINO_REDUCE_MAX_LOWEST in bugs:
-            extra = _fix_reduce_max(graph, node, types, shapes, counter)
-        if extra:
-            nodes += extra
-            changed += 1
-    if changed:
-        del graph.node[:]
-        graph.node.extend(nodes)
-    return changed
-
-
-def _attributes(node: Any) -> dict[str, Any]:
-    from onnx import helper
-
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
-
-
-def _typed(graph: Any, name: str, elem: int | None, dims: Sequence[int | None] | None) -> None:
-    """Record ``name``'s type (and shape, None dims unknown) in ``graph.value_info``: readers that
-    need every value typed (OpenVINO's) get the new values typed too."""
-    from onnx import helper
-
-    if elem:
-        graph.value_info.append(helper.make_tensor_value_info(name, elem, None if dims is None else list(dims)))
-
-
-def _fix_pool(
-    graph: Any, node: Any, bugs: list[KnownBug], types: dict[str, int], shapes: dict[str, tuple[int | None, ...]], counter: list[int]
-) -> list[Any]:
-    """The nodes that follow a pooling ``node`` to give ONNX's (and PyTorch's) result, ``node``
-    changed in place to feed them; empty when nothing is needed."""
-    from onnx import helper
-
-    attrs = _attributes(node)
-    auto_pad = attrs.get("auto_pad", b"NOTSET")
-    if (auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad) != "NOTSET":
-        return []  # ort-lazy's translations give explicit pads
-    kernel = list(attrs["kernel_shape"])
-    rank = len(kernel)
-    strides = list(attrs.get("strides", [1] * rank))
-    pads = list(attrs.get("pads", [0] * 2 * rank))
-    dilations = list(attrs.get("dilations", [1] * rank))
-    ceil = bool(attrs.get("ceil_mode", 0))
-    counted = node.op_type == "AveragePool" and bool(attrs.get("count_include_pad", 0))
-    divisor = counted and AVERAGE_POOL_PADDED_DIVISOR in bugs and (any(pads) or ceil) and set(dilations) == {1}
-    cut = ceil and POOL_CEIL_EXTRA_WINDOW in bugs
-    if not (divisor or cut):
-        return []
-    shape = shapes.get(node.input[0])
-    spatial = list(shape[2:]) if shape is not None and len(shape) == rank + 2 else None
-    if spatial is None or not all(isinstance(d, int) for d in spatial):
-        raise ValueError(f"{node.op_type} {node.name!r}: its input's spatial shape is unknown, and this onnxruntime's kernel needs it")
-    sizes, extra_window = [], False
-    for i, n in enumerate(spatial):
-        span = n + pads[i] + pads[rank + i] - dilations[i] * (kernel[i] - 1) - 1
-        out = (-(-span // strides[i]) if ceil else span // strides[i]) + 1
-        if ceil and (out - 1) * strides[i] >= n + pads[i]:
-            out -= 1  # the last window would start past the input and its leading padding
-            extra_window = True
-        sizes.append(out)
-    cut = cut and extra_window
-    if not (divisor or cut):
-        return []
-    counter[0] += 1
-    stem = f"_kernel_fix{counter[0]}"
-    outputs = [o for o in node.output]
-    elem = types.get(node.input[0])
-    extra: list[Any] = []
-    if cut:
-        starts = helper.make_tensor(f"{stem}_starts", 7, [rank], [0] * rank)
-        ends = helper.make_tensor(f"{stem}_ends", 7, [rank], sizes)
-        axes = helper.make_tensor(f"{stem}_axes", 7, [rank], list(range(2, rank + 2)))
-        extra += [
-            helper.make_node("Constant", [], [f"{stem}_starts"], value=starts),
-            helper.make_node("Constant", [], [f"{stem}_ends"], value=ends),
-            helper.make_node("Constant", [], [f"{stem}_axes"], value=axes),
-        ]
-        for constant in ("starts", "ends", "axes"):
-            _typed(graph, f"{stem}_{constant}", 7, [rank])
-        for i, name in enumerate(outputs):
-            if not name:
-                continue
-            pooled = f"{stem}_pooled{i}"
-            node.output[i] = pooled
-            _typed(graph, pooled, elem if i == 0 else 7, [shape[0], shape[1], *([None] * rank)])
-            extra.append(helper.make_node("Slice", [pooled, f"{stem}_starts", f"{stem}_ends", f"{stem}_axes"], [name]))
-    if divisor:
-        import numpy as np
-
-        ratio = np.ones(sizes, dtype=np.float64)
-        for i, (n, out) in enumerate(zip(spatial, sizes)):
-            start = np.arange(out) * strides[i] - pads[i]
-            end = np.minimum(start + kernel[i], n + pads[rank + i])
-            inside = np.minimum(end, n) - np.maximum(start, 0)
-            ratio = ratio * (inside / (end - start)).reshape([out if j == i else 1 for j in range(rank)])
-        if elem not in (1, 10, 11, 16):  # float, float16, double, bfloat16
-            raise ValueError(f"AveragePool {node.name!r}: an input of element type {elem} cannot be rescaled")
-        for a in node.attribute:
-            if a.name == "count_include_pad":
-                a.i = 0
-        averaged = extra[-1] if cut else node
-        unscaled = f"{stem}_average"
-        result = averaged.output[0] if cut else outputs[0]
-        averaged.output[0] = unscaled
-        _typed(graph, unscaled, elem, [shape[0], shape[1], *sizes])
-        scale = helper.make_tensor(f"{stem}_ratio", elem, sizes, ratio.ravel().tolist())
-        _typed(graph, f"{stem}_ratio", elem, sizes)
-        extra += [
-            helper.make_node("Constant", [], [f"{stem}_ratio"], value=scale),
-            helper.make_node("Mul", [unscaled, f"{stem}_ratio"], [result]),
-        ]
-    return extra
-
-
-def _fix_reduce_max(
-    graph: Any, node: Any, types: dict[str, int], shapes: dict[str, tuple[int | None, ...]], counter: list[int]
-) -> list[Any]:
-    """For a float32 ``ReduceMax`` ``node`` (see :data:`OPENVINO_REDUCE_MAX_LOWEST`), the nodes
-    that put ``-inf`` where every reduced element is ``-inf`` (a second ``ReduceMax``, of the 0/1
-    mask of the other elements, tells); ``node`` is changed in place to feed them. Empty when it
-    stays as it is."""
-    from onnx import helper
-
-    x = node.input[0]
-    if types.get(x) != 1:
-        return []
-    counter[0] += 1
-    stem = f"_kernel_fix{counter[0]}"
-    y = node.output[0]
-    out_shape = shapes.get(y)
-    node.output[0] = f"{stem}_max"
-    for name, elem, dims in (
-        (f"{stem}_ninf", 1, ()), (f"{stem}_finite_not", 9, shapes.get(x)), (f"{stem}_finite", 9, shapes.get(x)),
-        (f"{stem}_mask", 1, shapes.get(x)), (f"{stem}_max", 1, out_shape), (f"{stem}_any", 1, out_shape),
-        (f"{stem}_some", 9, out_shape),
-    ):  # fmt: skip
-        _typed(graph, name, elem, dims)
-    lowest = helper.make_tensor(f"{stem}_ninf", 1, [], [float("-inf")])
-    any_left = helper.make_node("ReduceMax", [f"{stem}_mask", *node.input[1:]], [f"{stem}_any"])
-    any_left.attribute.extend(node.attribute)
-    return [
-        helper.make_node("Constant", [], [f"{stem}_ninf"], value=lowest),
-        helper.make_node("Equal", [x, f"{stem}_ninf"], [f"{stem}_finite_not"]),
-        helper.make_node("Not", [f"{stem}_finite_not"], [f"{stem}_finite"]),
-        helper.make_node("Cast", [f"{stem}_finite"], [f"{stem}_mask"], to=1),
-        any_left,
-        helper.make_node("Cast", [f"{stem}_any"], [f"{stem}_some"], to=9),
-        helper.make_node("Where", [f"{stem}_some", f"{stem}_max", f"{stem}_ninf"], [y]),
-    ]

@@ -32,8 +32,11 @@ from ..opnames import op_name
 from ..options import Options
 from ..reasons import Reason
 from ..specs import OrtModel
+from .iobinding import ORT_DEVICES
 from .quirks import model_vector_matmul
-from .session import ORT_DEVICES, OrtCheckError, OrtInputError, OrtRunError, OrtRunner, session_cache
+from .session import OrtRunner
+from .session_cache import session_cache
+from .session_create import OrtCheckError, OrtInputError, OrtRunError
 from .threads import PARK_TRAINING, TRIAL_AFTER, ThreadTrial, model_flops, region_plan, thread_trial
 
 __all__ = ["Region", "OrtRegion", "TorchScriptGroup", "open_runner", "ops_text", "report_fallback", "dump", "compute_ops", "dense_order", "in_layout", "traced_order"]

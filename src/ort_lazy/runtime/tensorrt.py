@@ -35,7 +35,7 @@ win) completed with ort-lazy's own (:func:`complete`), under ORT's option names
   number of engine builds logarithmic in its growth; ORT would otherwise rebuild the engine for
   each new largest size. Giving any of the three options turns ort-lazy's profiles off.
 - **Device and stream**: ``device_id``, ``has_user_compute_stream`` and ``user_compute_stream``
-  as for CUDA (``ort_lazy.runtime.session.provider_options_for``).
+  as for CUDA (``ort_lazy.runtime.session_create.provider_options_for``).
 """
 
 from __future__ import annotations
