@@ -102,7 +102,6 @@ def test_trainer_with_onnxrt_trains_like_eager(tmp_path: Any) -> None:
     assert evaluated["eval_loss"] == pytest.approx(eager_eval["eval_loss"], rel=1e-4)
 
 
-@pytest.mark.full
 def test_trainer_evaluation_runs_on_ort(tmp_path: Any) -> None:
     """A Trainer that only evaluates compiles the model for evaluation: eager's loss, on ORT."""
     def evaluate(backend: str | None) -> float:
@@ -115,7 +114,6 @@ def test_trainer_evaluation_runs_on_ort(tmp_path: Any) -> None:
     assert metrics.counters()["ort_runs"] > 0
 
 
-@pytest.mark.full
 def test_seq2seq_trainer_generates_eagers_tokens(tmp_path: Any) -> None:
     """``predict_with_generate`` through a Trainer compiled with ``onnxrt``: the same tokens as
     eager's, and ORT ran the model's forward for the loss it reports."""
