@@ -330,7 +330,9 @@ def _build_command(tmp_path: Path, editable: bool = False) -> tuple[Any, Any]:
     return command, ext
 
 
-def test_builds_reuse_objects_only_of_the_same_torch_and_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_builds_reuse_objects_only_of_the_same_torch_and_flags(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Editable and wheel builds compile in the tree's ``build/temp.*``: one build finds the
     objects of another of the same torch and flags there (ninja then recompiles only what
     changed); other flags, another torch or objects without a record empty the directory
@@ -397,9 +399,22 @@ def test_wheel_builds_recompile_only_when_flags_change(tmp_path: Path) -> None:
     def wheel(config: str) -> tuple[int, dict[str, Any]]:
         dist = tmp_path / f"dist-{config}-{len(list(tmp_path.glob('dist-*')))}"
         out = subprocess.run(
-            [sys.executable, "-m", "pip", "wheel", "-q", "--no-build-isolation", "--no-deps", "-w", str(dist), str(tree)],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "-q",
+                "--no-build-isolation",
+                "--no-deps",
+                "-w",
+                str(dist),
+                str(tree),
+            ],
             env={**os.environ, "ORT_LAZY_BUILD_BRIDGE": "1", "ORT_LAZY_BUILD_CONFIG": config},
-            capture_output=True, text=True, timeout=1800,
+            capture_output=True,
+            text=True,
+            timeout=1800,
         )
         assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
         (built,) = dist.glob("*.whl")

@@ -819,6 +819,8 @@ def test_a_named_venv_is_used_from_inside_another(tmp_path: Path) -> None:
     assert dry_run("--skip_deps", "--venv", sys.prefix)["venv"] is None
     out = subprocess.run(
         [sys.executable, str(ROOT / "build.py"), "--dry_run", "--no_venv", "--venv", str(other)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 2 and "--venv and --no_venv exclude each other" in out.stderr

@@ -11,6 +11,7 @@ import itertools
 import os
 import re
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -532,7 +533,9 @@ def test_ci_runs_exactly_the_readmes_test_commands() -> None:
     script = [
         line.strip()
         for line in (ROOT / ".ci" / "run").read_text().splitlines()
-        if line.strip() and not line.lstrip().startswith("#") and line.strip() not in ("set -euo pipefail",)
+        if line.strip()
+        and not line.lstrip().startswith("#")
+        and line.strip() not in ("set -euo pipefail",)
         and not line.strip().startswith("cd ")
     ]
     readme = (ROOT / "README.md").read_text()
@@ -542,3 +545,15 @@ def test_ci_runs_exactly_the_readmes_test_commands() -> None:
     assert steps and all(step in commands for step in steps), [s for s in steps if s not in commands]
     assert any("--test" in s and "--use_openvino" not in s for s in steps)
     assert any("--use_openvino" in s and "--test" in s for s in steps)
+
+
+def test_the_lint_job_passes_here() -> None:
+    """CI's lint job (``ruff check``, ``ruff format --check`` of the files it names) as it runs
+    there: a change that only that job would catch is caught by the suite too."""
+    steps = [s["run"] for s in workflow()["jobs"]["lint"]["steps"] if s.get("run", "").startswith("ruff ")]
+    assert len(steps) >= 2
+    for run in steps:
+        out = subprocess.run(
+            [sys.executable, "-m", *shlex.split(run)], cwd=ROOT, capture_output=True, text=True, timeout=300
+        )
+        assert out.returncode == 0, f"{run}:\n{out.stdout}{out.stderr}"
